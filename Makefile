@@ -1,0 +1,38 @@
+# Everyday commands. The first two are the README's set-up commands: each one
+# creates the virtual environment and installs everything it needs.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: book test lab execute lint clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+## book: build the static website into _build/html and say where to open it
+book: $(STAMP)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "The book is built. Open file://$(CURDIR)/_build/html/index.html"
+
+## test: every test: package, notebooks (strict nbval), hygiene, ruff, the book build
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+## lab: open the notebooks in JupyterLab
+lab: $(STAMP)
+	$(BIN)/jupyter lab chapters/
+
+## execute: re-run every chapter (or NB=chapters/03_x.ipynb) and store its outputs
+NB ?= chapters/*.ipynb
+execute: $(STAMP)
+	for nb in $(NB); do $(BIN)/jupyter execute --inplace $$nb || exit 1; done
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+
+clean:
+	rm -rf _build

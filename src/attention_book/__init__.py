@@ -1,0 +1,30 @@
+"""attention_book: the shared code of *Attention, Step by Step*.
+
+The functional core (``softmax``, ``scaled_dot_product_attention``,
+``causal_mask``, ``padding_mask``) is built in chapters 2-6 and the layers
+(``SelfAttention`` … ``GroupedQueryAttention``) in chapters 3-7; each chapter
+ends by asserting that this package equals the code it wrote.
+"""
+
+from .attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
+from .modules import (
+    CausalSelfAttention,
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    MultiHeadAttentionWrapper,
+    SelfAttention,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "softmax",
+    "scaled_dot_product_attention",
+    "causal_mask",
+    "padding_mask",
+    "SelfAttention",
+    "CausalSelfAttention",
+    "MultiHeadAttentionWrapper",
+    "MultiHeadAttention",
+    "GroupedQueryAttention",
+]

@@ -1,0 +1,225 @@
+"""The functional core: softmax, scaled dot-product attention and masks.
+
+This module imports nothing else from ``attention_book``: the modules, the
+pictures and the checkers are all built on top of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["softmax", "scaled_dot_product_attention", "causal_mask", "padding_mask"]
+
+
+def _require_float(name: str, tensor: torch.Tensor) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor, got dtype {tensor.dtype}; "
+            f"convert it with {name}.float()"
+        )
+
+
+def _check_mask(mask: torch.Tensor, scores_shape: torch.Size) -> None:
+    """Raise unless ``mask`` is boolean and broadcasts to ``scores_shape`` unchanged."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a boolean tensor (True = may attend), got {got}")
+    try:
+        target = torch.broadcast_shapes(mask.shape, scores_shape)
+    except RuntimeError:
+        target = None
+    if target != scores_shape:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention "
+            f"scores of shape {tuple(scores_shape)} (..., T_q, T_k)"
+        )
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Numerically stable softmax, written from scratch.
+
+    Subtracting the row maximum before ``exp`` changes nothing mathematically
+    (the factor ``exp(-max)`` cancels) but keeps ``exp`` from overflowing.
+    A slice that is entirely ``-inf`` (every position masked) gives zeros
+    instead of NaN.
+
+    Args:
+        x: scores, any floating-point tensor.
+        dim: the dimension that is normalised (the keys, for attention).
+
+    Shapes:
+        x: any shape ``(...)``; the result has the same shape.
+
+    Returns:
+        A tensor of non-negative weights that sum to 1 along ``dim``
+        (or to 0 where the whole slice was ``-inf``).
+
+    Taught in chapter 2.
+    """
+    _require_float("x", x)
+    row_max = x.amax(dim=dim, keepdim=True)
+    # A slice of all -inf has max -inf; -inf - (-inf) is NaN, so shift by 0 there.
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    exp = torch.exp(x - row_max)
+    total = exp.sum(dim=dim, keepdim=True)
+    # Where every entry was -inf the total is 0: return zero weights, not 0/0.
+    safe_total = torch.where(total > 0, total, torch.ones_like(total))
+    return exp / safe_total
+
+
+def causal_mask(
+    num_queries: int, num_keys: int | None = None, *, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Boolean causal mask, True where a query may attend to a key.
+
+    When there are more keys than queries the mask is aligned bottom-right:
+    the queries are the *last* ``num_queries`` positions of the key sequence,
+    so query ``i`` may attend to keys ``0 … i + num_keys - num_queries``.
+    That is what decoding with a key/value cache needs.
+
+    Args:
+        num_queries: number of query positions ``T_q``.
+        num_keys: number of key positions ``T_k`` (default ``T_q``).
+        device: where to create the mask.
+
+    Shapes:
+        returns ``(T_q, T_k)``.
+
+    Returns:
+        A ``torch.bool`` tensor, True on and below the (shifted) diagonal.
+
+    Taught in chapter 5.
+    """
+    if num_keys is None:
+        num_keys = num_queries
+    for name, value in (("num_queries", num_queries), ("num_keys", num_keys)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    ones = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
+    return torch.tril(ones, diagonal=num_keys - num_queries)  # (T_q, T_k)
+
+
+def padding_mask(lengths: Sequence[int] | torch.Tensor, max_len: int) -> torch.Tensor:
+    """Boolean padding mask for a batch of sequences of different lengths.
+
+    Args:
+        lengths: the real (unpadded) length of each sequence in the batch.
+        max_len: the padded length ``T`` of the batch.
+
+    Shapes:
+        lengths: ``(B,)``; returns ``(B, 1, 1, max_len)``, which broadcasts
+        against attention scores of shape ``(B, num_heads, T_q, T_k)``.
+
+    Returns:
+        A ``torch.bool`` tensor, True for real tokens and False for padding.
+
+    Taught in chapter 5.
+    """
+    lengths = torch.as_tensor(lengths)
+    if lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must hold integers, got dtype {lengths.dtype}")
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
+    if isinstance(max_len, bool) or not isinstance(max_len, int):
+        raise TypeError(f"max_len must be an int, got {type(max_len).__name__}")
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
+        raise ValueError(
+            f"every length must lie in [0, max_len={max_len}], got lengths {lengths.tolist()}"
+        )
+    positions = torch.arange(max_len, device=lengths.device)  # (max_len,)
+    keep = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, max_len)
+    return keep[:, None, None, :]  # (B, 1, 1, max_len)
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention that returns its weights.
+
+    ``softmax(query @ key^T * scale) @ value``, with masked positions set to
+    ``-inf`` before the softmax. A query whose every key is masked gets zero
+    weights and a zero output row, never NaN.
+
+    Args:
+        query: the queries.
+        key: the keys; the same feature size as ``query``.
+        value: the values; the same length as ``key``.
+        mask: optional boolean mask, **True = may attend** (the polarity of
+            ``torch.nn.functional.scaled_dot_product_attention``), broadcastable
+            to ``(..., T_q, T_k)``.
+        is_causal: also apply :func:`causal_mask` (bottom-right aligned).
+        dropout_p: probability of zeroing each weight after the softmax; the
+            survivors are scaled by ``1 / (1 - dropout_p)``. Pass 0 in evaluation.
+        scale: multiplies the scores; default ``1 / sqrt(d_k)``.
+
+    Shapes:
+        query ``(..., T_q, d_k)``, key ``(..., T_k, d_k)``, value ``(..., T_k, d_v)``;
+        the leading dims broadcast.
+
+    Returns:
+        ``(output, weights)``: output ``(..., T_q, d_v)`` and weights ``(..., T_q, T_k)``.
+
+    Taught in chapters 2-6 (scores, scaling, masks, dropout).
+    """
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        _require_float(name, tensor)
+        if tensor.dim() < 2:
+            raise ValueError(
+                f"{name} must have at least 2 dims (..., T, d), got shape {tuple(tensor.shape)}"
+            )
+    if query.size(-1) != key.size(-1):
+        raise ValueError(
+            f"query and key must have the same feature size d_k: query has {query.size(-1)} "
+            f"(shape {tuple(query.shape)}), key has {key.size(-1)} (shape {tuple(key.shape)})"
+        )
+    if key.size(-2) != value.size(-2):
+        raise ValueError(
+            f"key and value must have the same length T_k: key has {key.size(-2)} "
+            f"(shape {tuple(key.shape)}), value has {value.size(-2)} (shape {tuple(value.shape)})"
+        )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    try:
+        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading (batch) dims do not broadcast: query {tuple(query.shape)}, "
+            f"key {tuple(key.shape)}, value {tuple(value.shape)}"
+        ) from None
+
+    d_k = query.size(-1)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d_k)
+    attn_scores = query @ key.transpose(-2, -1) * scale  # (..., T_q, T_k)
+
+    allowed = None
+    if mask is not None:
+        _check_mask(mask, attn_scores.shape)
+        allowed = mask
+    if is_causal:
+        causal = causal_mask(query.size(-2), key.size(-2), device=query.device)  # (T_q, T_k)
+        allowed = causal if allowed is None else allowed & causal
+
+    if allowed is not None:
+        attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
+    attn_weights = softmax(attn_scores, dim=-1)  # (..., T_q, T_k)
+    if dropout_p > 0.0:
+        attn_weights = torch.nn.functional.dropout(attn_weights, p=dropout_p, training=True)
+    output = attn_weights @ value  # (..., T_q, d_v)
+    return output, attn_weights

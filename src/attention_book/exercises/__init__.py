@@ -1,0 +1,23 @@
+"""Checkers for the exercises of every chapter.
+
+Each checker takes a learner's answer, prints ``Correct: …`` when it is right
+and otherwise prints which property failed (expected vs actual, with a hint)
+and raises ``AssertionError`` so an autograder sees the failure.
+
+Each chapter's checkers live in their own module (``ch00`` … ``ch11``) and are
+re-exported here, so a notebook writes ``from attention_book.exercises import check_…``.
+"""
+
+from ._feedback import ExerciseFailure as ExerciseFailure
+from .ch00 import *  # noqa: F403
+from .ch01 import *  # noqa: F403
+from .ch02 import *  # noqa: F403
+from .ch03 import *  # noqa: F403
+from .ch04 import *  # noqa: F403
+from .ch05 import *  # noqa: F403
+from .ch06 import *  # noqa: F403
+from .ch07 import *  # noqa: F403
+from .ch08 import *  # noqa: F403
+from .ch09 import *  # noqa: F403
+from .ch10 import *  # noqa: F403
+from .ch11 import *  # noqa: F403

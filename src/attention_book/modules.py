@@ -1,0 +1,429 @@
+"""Attention layers as ``nn.Module``s, built on the functional core.
+
+Every layer names its projections ``W_query``, ``W_key`` and ``W_value`` and
+its ``forward(x, mask=None, return_weights=False)`` takes ``x`` of shape
+``(..., T, d_in)``. ``mask`` is boolean with True = may attend and combines
+with the causal mask of the causal layers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import _check_mask, _require_float, causal_mask, scaled_dot_product_attention
+from .kv_cache import KVCache
+
+__all__ = [
+    "SelfAttention",
+    "CausalSelfAttention",
+    "MultiHeadAttentionWrapper",
+    "MultiHeadAttention",
+    "GroupedQueryAttention",
+]
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_dropout(dropout: object) -> None:
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+
+
+def _check_input(x: torch.Tensor, d_in: int, context_length: int | None) -> int:
+    """Validate ``x`` of shape ``(..., T, d_in)`` and return ``T``."""
+    _require_float("x", x)
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (..., T, d_in), got shape {tuple(x.shape)}")
+    if x.size(-1) != d_in:
+        raise ValueError(
+            f"x has {x.size(-1)} features in its last dim (shape {tuple(x.shape)}) "
+            f"but the layer was built with d_in={d_in}"
+        )
+    num_tokens = x.size(-2)
+    if context_length is not None and num_tokens > context_length:
+        raise ValueError(
+            f"sequence length T={num_tokens} exceeds context_length={context_length} "
+            f"(x has shape {tuple(x.shape)})"
+        )
+    return num_tokens
+
+
+class SelfAttention(nn.Module):
+    """Single-head self-attention with trainable query, key and value projections.
+
+    Args:
+        d_in: size of each input token vector.
+        d_out: size of the queries, keys, values and of the output.
+        qkv_bias: give the three projections a bias.
+
+    Shapes:
+        x ``(..., T, d_in)`` -> output ``(..., T, d_out)``, weights ``(..., T, T)``;
+        ``mask`` broadcastable to ``(..., T, T)``.
+
+    Returns:
+        ``forward`` returns the context vectors, or ``(context vectors, weights)``
+        when ``return_weights=True``.
+
+    Taught in chapter 3.
+    """
+
+    def __init__(self, d_in: int, d_out: int, qkv_bias: bool = False):
+        super().__init__()
+        _check_positive_int("d_in", d_in)
+        _check_positive_int("d_out", d_out)
+        self.d_in = d_in
+        self.d_out = d_out
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+
+    def _allowed(self, num_tokens: int, mask: torch.Tensor | None) -> torch.Tensor | None:
+        return mask
+
+    def _dropout_p(self) -> float:
+        return 0.0
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_weights: bool = False
+    ):
+        num_tokens = _check_input(x, self.d_in, getattr(self, "context_length", None))
+        if mask is not None:
+            _check_mask(mask, torch.Size((*x.shape[:-1], num_tokens)))
+        queries = self.W_query(x)  # (..., T, d_out)
+        keys = self.W_key(x)  # (..., T, d_out)
+        values = self.W_value(x)  # (..., T, d_out)
+        context_vec, attn_weights = scaled_dot_product_attention(
+            queries, keys, values, self._allowed(num_tokens, mask), dropout_p=self._dropout_p()
+        )  # (..., T, d_out), (..., T, T)
+        return (context_vec, attn_weights) if return_weights else context_vec
+
+
+class CausalSelfAttention(SelfAttention):
+    """Single-head causal self-attention with dropout on the weights.
+
+    Token ``t`` attends only to tokens ``0 … t``. The causal mask is a
+    registered buffer: it follows ``.to(device)``, is sliced to the current
+    length, and is not saved in the state dict because it is not learned.
+
+    Args:
+        d_in: size of each input token vector.
+        d_out: size of the queries, keys, values and of the output.
+        context_length: the longest sequence the layer accepts.
+        dropout: probability of zeroing an attention weight in training.
+        qkv_bias: give the three projections a bias.
+
+    Shapes:
+        x ``(..., T, d_in)`` with ``T <= context_length`` -> output ``(..., T, d_out)``,
+        weights ``(..., T, T)``; ``mask`` broadcastable to ``(..., T, T)``.
+
+    Returns:
+        ``forward`` returns the context vectors, or ``(context vectors, weights)``.
+
+    Taught in chapters 5 and 6.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float = 0.0,
+        qkv_bias: bool = False,
+    ):
+        super().__init__(d_in, d_out, qkv_bias)
+        _check_positive_int("context_length", context_length)
+        _check_dropout(dropout)
+        self.context_length = context_length
+        self.dropout_p = float(dropout)
+        self.register_buffer("mask", causal_mask(context_length), persistent=False)
+
+    def _allowed(self, num_tokens: int, mask: torch.Tensor | None) -> torch.Tensor:
+        causal = self.mask[:num_tokens, :num_tokens]  # (T, T)
+        return causal if mask is None else causal & mask
+
+    def _dropout_p(self) -> float:
+        return self.dropout_p if self.training else 0.0
+
+
+class MultiHeadAttentionWrapper(nn.Module):
+    """Several independent :class:`CausalSelfAttention` heads, concatenated.
+
+    Args:
+        d_in: size of each input token vector.
+        d_out: output size of *each* head.
+        context_length: the longest sequence the layer accepts.
+        dropout: dropout probability on each head's weights.
+        num_heads: number of heads.
+        qkv_bias: give the projections a bias.
+
+    Shapes:
+        x ``(..., T, d_in)`` -> output ``(..., T, num_heads * d_out)``,
+        weights ``(..., num_heads, T, T)``.
+
+    Returns:
+        ``forward`` returns the concatenated outputs, or ``(output, weights)``.
+
+    Taught in chapter 7.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        qkv_bias: bool = False,
+    ):
+        super().__init__()
+        _check_positive_int("num_heads", num_heads)
+        self.heads = nn.ModuleList(
+            CausalSelfAttention(d_in, d_out, context_length, dropout, qkv_bias)
+            for _ in range(num_heads)
+        )
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_weights: bool = False
+    ):
+        results = [head(x, mask, return_weights=True) for head in self.heads]
+        output = torch.cat([out for out, _ in results], dim=-1)  # (..., T, num_heads * d_out)
+        attn_weights = torch.stack([w for _, w in results], dim=-3)  # (..., num_heads, T, T)
+        return (output, attn_weights) if return_weights else output
+
+
+class _HeadedAttention(nn.Module):
+    """Shared body of multi-head and grouped-query attention."""
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        num_heads: int,
+        num_kv_heads: int,
+        context_length: int | None,
+        dropout: float,
+        qkv_bias: bool,
+        causal: bool,
+        backend: str,
+    ):
+        super().__init__()
+        _check_positive_int("d_in", d_in)
+        _check_positive_int("d_out", d_out)
+        _check_positive_int("num_heads", num_heads)
+        _check_positive_int("num_kv_heads", num_kv_heads)
+        if context_length is not None:
+            _check_positive_int("context_length", context_length)
+        _check_dropout(dropout)
+        if d_out % num_heads != 0:
+            raise ValueError(f"d_out ({d_out}) must be divisible by num_heads ({num_heads})")
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        if backend not in ("naive", "sdpa"):
+            raise ValueError(f"backend must be 'naive' or 'sdpa', got {backend!r}")
+        self.d_in = d_in
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = d_out // num_heads
+        self.context_length = context_length
+        self.dropout_p = float(dropout)
+        self.causal = causal
+        self.backend = backend
+        kv_dim = num_kv_heads * self.head_dim
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, kv_dim, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, kv_dim, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        if causal and context_length is not None:
+            self.register_buffer("mask", causal_mask(context_length), persistent=False)
+
+    def _split_heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
+        *lead, num_tokens, _ = x.shape
+        x = x.view(*lead, num_tokens, num_heads, self.head_dim)  # (..., T, heads, head_dim)
+        return x.transpose(-3, -2)  # (..., heads, T, head_dim)
+
+    def _causal(self, num_tokens: int, device: torch.device) -> torch.Tensor:
+        if hasattr(self, "mask"):
+            return self.mask[:num_tokens, :num_tokens]  # (T, T)
+        return causal_mask(num_tokens, device=device)  # (T, T)
+
+    def _check_cache(self, kv_cache: object, num_tokens: int) -> int:
+        """Validate ``kv_cache`` for ``num_tokens`` new tokens; return the tokens it will hold."""
+        if not isinstance(kv_cache, KVCache):
+            raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
+        num_keys = len(kv_cache) + num_tokens
+        if self.context_length is not None and num_keys > self.context_length:
+            raise ValueError(
+                f"the KV cache holds {len(kv_cache)} tokens; adding {num_tokens} more makes "
+                f"{num_keys}, which exceeds context_length={self.context_length}; "
+                f"start a new cache (cache.reset()) or build the layer with a longer context"
+            )
+        return num_keys
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+        *,
+        kv_cache: KVCache | None = None,
+    ):
+        """Attend from ``x``; with ``kv_cache``, decode: ``x`` holds only the new tokens.
+
+        With a cache, the new tokens' keys and values are appended to it and the
+        queries attend over every cached token, the causal mask aligned
+        bottom-right (the new tokens are the last ones), so decoding one token
+        at a time reproduces the full causal forward pass (chapter 10). ``mask``
+        then broadcasts to ``(..., num_heads, T_new, T_cached)``.
+        """
+        num_tokens = _check_input(x, self.d_in, self.context_length)
+        num_keys = num_tokens if kv_cache is None else self._check_cache(kv_cache, num_tokens)
+        if return_weights and self.backend == "sdpa":
+            raise ValueError(
+                "backend='sdpa' does not return attention weights; build the layer with "
+                "backend='naive' to get them"
+            )
+        lead = x.shape[:-2]
+        if mask is not None:
+            _check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
+
+        queries = self._split_heads(self.W_query(x), self.num_heads)  # (..., num_heads, T, head_dim)
+        keys = self._split_heads(self.W_key(x), self.num_kv_heads)  # (..., num_kv_heads, T, head_dim)
+        values = self._split_heads(self.W_value(x), self.num_kv_heads)  # (..., num_kv_heads, T, head_dim)
+        if kv_cache is not None:
+            # The cache stores num_kv_heads heads: grouped-query attention's memory saving.
+            keys, values = kv_cache.update(keys, values)  # (..., num_kv_heads, T_k, head_dim)
+        group_size = self.num_heads // self.num_kv_heads
+        if group_size > 1:
+            # Each key/value head serves `group_size` consecutive query heads.
+            keys = keys.repeat_interleave(group_size, dim=-3)  # (..., num_heads, T_k, head_dim)
+            values = values.repeat_interleave(group_size, dim=-3)  # (..., num_heads, T_k, head_dim)
+
+        allowed = mask
+        if self.causal:
+            if kv_cache is None:
+                causal = self._causal(num_tokens, x.device)  # (T, T)
+            else:
+                # The new queries are the last num_tokens positions: bottom-right alignment.
+                causal = causal_mask(num_tokens, num_keys, device=x.device)  # (T, T_k)
+            allowed = causal if mask is None else causal & mask
+        dropout_p = self.dropout_p if self.training else 0.0
+
+        if self.backend == "sdpa":
+            only_causal = self.causal and mask is None and num_tokens == num_keys
+            # With the causal mask alone (and T_q == T_k, where PyTorch's top-left alignment
+            # is ours), is_causal lets the fused kernel skip the tiles above the diagonal.
+            context = torch.nn.functional.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=None if only_causal else allowed,
+                dropout_p=dropout_p, is_causal=only_causal,
+            )  # (..., num_heads, T, head_dim)
+            attn_weights = None
+        else:
+            context, attn_weights = scaled_dot_product_attention(
+                queries, keys, values, allowed, dropout_p=dropout_p
+            )  # (..., num_heads, T, head_dim), (..., num_heads, T, T_k)
+
+        # transpose makes the memory non-contiguous, so merge the heads with reshape.
+        context = context.transpose(-3, -2)  # (..., T, num_heads, head_dim)
+        context = context.reshape(*lead, num_tokens, self.d_out)  # (..., T, d_out)
+        output = self.out_proj(context)  # (..., T, d_out)
+        return (output, attn_weights) if return_weights else output
+
+
+class MultiHeadAttention(_HeadedAttention):
+    """Multi-head attention: one projection each for Q, K, V, split into heads.
+
+    Args:
+        d_in: size of each input token vector.
+        d_out: model width; must be divisible by ``num_heads``.
+        num_heads: number of heads; ``head_dim = d_out // num_heads``.
+        context_length: the longest sequence accepted (None: any length).
+        dropout: probability of zeroing an attention weight in training.
+        qkv_bias: give the Q, K, V projections a bias.
+        causal: apply the causal mask.
+        backend: ``"naive"`` (the book's own attention, returns weights) or
+            ``"sdpa"`` (``torch.nn.functional.scaled_dot_product_attention``,
+            the same numbers from a fused kernel).
+
+    Shapes:
+        x ``(..., T, d_in)`` -> output ``(..., T, d_out)``, weights
+        ``(..., num_heads, T, T)``; ``mask`` broadcastable to ``(..., num_heads, T, T)``
+        (``padding_mask`` gives ``(B, 1, 1, T)``).
+
+    Returns:
+        ``forward`` returns the output, or ``(output, weights)`` when ``return_weights=True``;
+        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10).
+
+    Taught in chapter 7.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        num_heads: int,
+        context_length: int | None = None,
+        dropout: float = 0.0,
+        qkv_bias: bool = False,
+        causal: bool = True,
+        backend: str = "naive",
+    ):
+        super().__init__(
+            d_in, d_out, num_heads, num_heads, context_length, dropout, qkv_bias, causal, backend
+        )
+
+
+class GroupedQueryAttention(_HeadedAttention):
+    """Grouped-query attention: ``num_heads`` query heads share ``num_kv_heads`` key/value heads.
+
+    With ``num_kv_heads == num_heads`` it is :class:`MultiHeadAttention` (the
+    parameter names match, so a ``MultiHeadAttention`` state dict loads
+    unchanged); with ``num_kv_heads == 1`` it is multi-query attention.
+
+    Args:
+        d_in: size of each input token vector.
+        d_out: model width; must be divisible by ``num_heads``.
+        num_heads: number of query heads.
+        num_kv_heads: number of key/value heads; must divide ``num_heads``.
+        context_length: the longest sequence accepted (None: any length).
+        dropout: probability of zeroing an attention weight in training.
+        qkv_bias: give the Q, K, V projections a bias.
+        causal: apply the causal mask.
+        backend: ``"naive"`` or ``"sdpa"``, as in :class:`MultiHeadAttention`.
+
+    Shapes:
+        x ``(..., T, d_in)`` -> output ``(..., T, d_out)``; ``W_key`` and
+        ``W_value`` map ``d_in -> num_kv_heads * head_dim``.
+
+    Returns:
+        ``forward`` returns the output, or ``(output, weights)`` when ``return_weights=True``;
+        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10).
+
+    Taught in chapter 7.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        num_heads: int,
+        num_kv_heads: int,
+        context_length: int | None = None,
+        dropout: float = 0.0,
+        qkv_bias: bool = False,
+        causal: bool = True,
+        backend: str = "naive",
+    ):
+        super().__init__(
+            d_in, d_out, num_heads, num_kv_heads, context_length, dropout, qkv_bias, causal, backend
+        )
