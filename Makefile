@@ -31,6 +31,11 @@ NB ?= chapters/*.ipynb
 execute: $(STAMP)
 	for nb in $(NB); do $(BIN)/jupyter execute --inplace $$nb || exit 1; done
 
+## assignments: nbgrader student versions of every chapter into build/classroom/release
+.PHONY: assignments
+assignments: $(STAMP)
+	$(BIN)/python -m attention_book.classroom --course-dir build/classroom
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 

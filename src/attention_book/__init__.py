@@ -7,6 +7,7 @@ ends by asserting that this package equals the code it wrote.
 """
 
 from .attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
+from .diagnose import DiagnosisReport, diagnose
 from .modules import (
     CausalSelfAttention,
     GroupedQueryAttention,
@@ -27,4 +28,6 @@ __all__ = [
     "MultiHeadAttentionWrapper",
     "MultiHeadAttention",
     "GroupedQueryAttention",
+    "diagnose",
+    "DiagnosisReport",
 ]

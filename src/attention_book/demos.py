@@ -40,6 +40,8 @@ _STYLE = """<style>
 .ab-demo .ab-demo-title { font-weight: 600; margin: 0 0 0.5rem; }
 .ab-demo label { display: inline-block; margin-right: 0.5rem; }
 .ab-demo table { border-collapse: collapse; margin: 0.25rem 0; }
+.ab-demo caption { caption-side: top; text-align: left; white-space: nowrap; padding-bottom: 0.25rem; }
+.ab-demo .ab-side-by-side { display: flex; flex-wrap: wrap; gap: 1.5rem; align-items: flex-start; }
 .ab-demo th, .ab-demo td { padding: 0.15rem 0.4rem; text-align: right; color: #000; }
 .ab-demo th { font-weight: 600; }
 .ab-demo .ab-bar-track { width: 14rem; background: #f3f4f6; height: 0.9rem; }
@@ -294,14 +296,16 @@ def mask_editor_demo(
 """
     markup = (
         f'{_STYLE}<div class="ab-demo" id="{element_id}" data-demo="mask-editor">'
-        f'<p class="ab-demo-title">{html.escape(title)}</p>'
-        f'<table><caption>Mask: rows are queries, columns are keys (1 = may attend)</caption>'
+        f'<p class="ab-demo-title">{html.escape(title)}</p><div class="ab-side-by-side">'
+        f'<table><caption>Mask (1 = may attend)</caption>'
         f'<thead><tr><th scope="col">query</th>{header}</tr></thead>'
         f'<tbody>{"".join(mask_rows)}</tbody></table>'
         f'<div class="ab-demo-output" aria-live="polite"><table>'
-        f"<caption>Attention weights (each row sums to 1, or to 0 if fully masked)</caption>"
+        f"<caption>Attention weights</caption>"
         f'<thead><tr><th scope="col">query</th>{header}</tr></thead>'
         f'<tbody>{"".join(weight_rows)}</tbody></table></div></div>'
+        f'<p class="ab-note">Rows are queries and columns are keys. Each row of weights sums '
+        "to 1, or to 0 when every key of that row is blocked.</p></div>"
     )
     data = {"scores": scores.tolist(), "mask": mask.tolist()}
     return HTML(markup + _script(element_id, data, body))

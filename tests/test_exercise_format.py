@@ -1,0 +1,175 @@
+"""Every chapter's exercises follow the nbgrader format of CONTRIBUTING.md (fast, no nbgrader run).
+
+Per chapter: answer cells carry solution markers, nbgrader metadata and the ``hide-input``
+tag; check cells are locked, carry points and call an ``attention_book.exercises`` checker;
+grade ids are unique; chapters 01..11 have 3–6 graded exercises whose points add up to a
+multiple of 5 (chapter 00 demonstrates the format and may have fewer). The rules live in
+:func:`attention_book.classroom.exercise_format_problems`; the synthetic notebooks below
+show that each rule can fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from attention_book import exercises
+from attention_book.classroom import (
+    chapter_number,
+    exercise_format_problems,
+    find_chapters,
+    summarise_exercises,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = find_chapters(ROOT)
+CHECKERS = sorted(
+    name
+    for module in pkgutil.iter_modules(exercises.__path__)
+    if module.name.startswith("ch")
+    for name in importlib.import_module(f"attention_book.exercises.{module.name}").__all__
+)
+
+
+def test_chapters_are_found():
+    assert CHAPTERS, "no chapters/NN_*.ipynb found"
+    assert [chapter_number(path) for path in CHAPTERS] == sorted(
+        chapter_number(path) for path in CHAPTERS)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
+def test_chapter_exercises_follow_the_format(chapter):
+    notebook = nbformat.read(chapter, as_version=4)
+    assert exercise_format_problems(notebook, chapter_number(chapter)) == []
+
+
+@pytest.mark.parametrize("chapter", [p for p in CHAPTERS if chapter_number(p) >= 1],
+                         ids=lambda path: path.stem)
+def test_chapter_has_graded_exercises(chapter):
+    summary = summarise_exercises(nbformat.read(chapter, as_version=4), chapter_number(chapter))
+    assert 3 <= len(summary.points) <= 6, summary
+    assert summary.autograded, f"{chapter.name} has no autograded exercise"
+
+
+def _forgot_return(*args, **kwargs):
+    """The most common wrong answer: the work is done but nothing is returned."""
+    return None
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_checker_feedback_is_actionable(name, capsys):
+    """A wrong answer gets the failed property, expected vs actual and a hint, never a crash."""
+    checker = getattr(exercises, name)
+    required = [p for p in inspect.signature(checker).parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    with pytest.raises(exercises.ExerciseFailure) as failure:
+        checker(*[_forgot_return] * len(required))
+    message = str(failure.value)
+    for part in ("Not yet:", "expected:", "actual:", "hint:"):
+        assert part in message, message
+    assert message in capsys.readouterr().out, "the learner sees the feedback printed"
+
+
+# --------------------------------------------------------------------------- the rules fail
+
+
+def _exercise(number: int, points: int, chapter: int = 1) -> list:
+    prompt = new_markdown_cell(
+        f":::{{admonition}} Exercise {chapter}.{number} — Normalise ({points} points)\n"
+        ":class: exercise\nWrite `f(x)`.\n:::")
+    answer = new_code_cell("def f(x):\n    ### BEGIN SOLUTION\n    return x / x.sum()\n"
+                           "    ### END SOLUTION")
+    answer.metadata["tags"] = ["hide-input"]
+    answer.metadata["nbgrader"] = {
+        "grade": False, "grade_id": f"ch{chapter:02d}-ex{number}-answer", "locked": False,
+        "schema_version": 3, "solution": True, "task": False}
+    check = new_code_cell("from attention_book.exercises import check_row_normalise\n\n"
+                          "check_row_normalise(f)\n### BEGIN HIDDEN TESTS\nassert f\n"
+                          "### END HIDDEN TESTS")
+    check.metadata["nbgrader"] = {
+        "grade": True, "grade_id": f"ch{chapter:02d}-ex{number}-check", "locked": True,
+        "points": points, "schema_version": 3, "solution": False, "task": False}
+    return [prompt, answer, check]
+
+
+def _good_chapter() -> nbformat.NotebookNode:
+    cells = [new_markdown_cell("# 1. A chapter")]
+    for number, points in [(1, 2), (2, 3), (3, 5)]:
+        cells += _exercise(number, points)
+    return new_notebook(cells=cells)
+
+
+def _written(number: int, points: int, body: str) -> list:
+    prompt = new_markdown_cell(
+        f":::{{admonition}} Exercise 1.{number} — Explain ({points} points)\n"
+        ":class: exercise\nWhy?\n:::")
+    answer = new_markdown_cell(body)
+    answer.metadata["nbgrader"] = {
+        "grade": True, "grade_id": f"ch01-ex{number}-written", "locked": False,
+        "points": points, "schema_version": 3, "solution": True, "task": False}
+    return [prompt, answer]
+
+
+def test_a_good_chapter_passes():
+    assert exercise_format_problems(_good_chapter(), 1) == []
+
+
+def test_a_written_answer_in_a_dropdown_passes():
+    notebook = _good_chapter()
+    notebook.cells[-3:] = _written(3, 5, ":::{dropdown} Model answer\nBecause.\n:::")
+    assert exercise_format_problems(notebook, 1) == []
+    assert summarise_exercises(notebook, 1).written == {3: 5.0}
+
+
+def _problems_after(edit) -> list[str]:
+    notebook = copy.deepcopy(_good_chapter())
+    edit(notebook)
+    return exercise_format_problems(notebook, 1)
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda nb: nb.cells[2].metadata.update(tags=[]), "hide-input"),
+    (lambda nb: setattr(nb.cells[2], "source", "def f(x):\n    return x"), "BEGIN SOLUTION"),
+    (lambda nb: nb.cells[3].metadata["nbgrader"].update(grade_id="ch01-ex1-answer"),
+     "grade_id also used"),
+    (lambda nb: nb.cells[3].metadata["nbgrader"].update(locked=False), "locked"),
+    (lambda nb: nb.cells[3].metadata["nbgrader"].update(points=0), "points > 0"),
+    (lambda nb: setattr(nb.cells[3], "source", "assert f(1) == 1"), "calls a checker"),
+    (lambda nb: setattr(nb.cells[3], "source", "check_nothing_real(f)"), "not in attention"),
+    (lambda nb: setattr(nb.cells[3], "source",
+                        "### BEGIN HIDDEN TESTS\ncheck_row_normalise(f)\n### END HIDDEN TESTS"),
+     "outside hidden tests"),
+    (lambda nb: nb.cells[3].metadata["nbgrader"].update(points=3), "the prompt says 2"),
+    (lambda nb: nb.cells[3].metadata["nbgrader"].update(grade_id="ex1-check"), "grade_id should"),
+    (lambda nb: nb.cells.__delitem__(3), "no check cell"),
+    (lambda nb: nb.cells.__delitem__(1), "no prompt"),
+    (lambda nb: nb.cells.append(new_markdown_cell("```\n### BEGIN SOLUTION\n```")),
+     "no nbgrader metadata"),
+    (lambda nb: nb.cells.extend(_written(4, 5, "Because.")), "dropdown"),
+    (lambda nb: nb.cells.extend(_exercise(4, 1) + _exercise(5, 2) + _exercise(6, 2)
+                                + _exercise(7, 5)), "7 graded exercises"),
+    (lambda nb: nb.cells.extend(_exercise(4, 1)), "not a multiple of 5"),
+    (lambda nb: nb.cells.__setitem__(slice(4, None), []), "1 graded exercises"),
+])
+def test_each_rule_catches_its_mistake(edit, expected):
+    problems = _problems_after(edit)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_chapter_zero_may_have_one_exercise_of_any_points():
+    notebook = new_notebook(cells=_exercise(1, 2, chapter=0))
+    assert exercise_format_problems(notebook, 0) == []
+    assert exercise_format_problems(new_notebook(cells=[]), 0) != []
+
+
+def test_chapter_number_reads_the_file_name():
+    assert chapter_number("chapters/07_multi_head.ipynb") == 7
+    with pytest.raises(ValueError, match="two digits"):
+        chapter_number("chapters/intro.ipynb")
