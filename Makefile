@@ -13,13 +13,22 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
+# The website's JavaScript libraries (package.json, pinned by package-lock.json); the build
+# copies them into _static/npm/ (_ext/static_site.py), so no page loads anything from a CDN.
+NODE_STAMP := node_modules/.installed
+$(NODE_STAMP): package.json package-lock.json
+	@command -v npm >/dev/null || { echo "npm (Node.js) is needed to build the website" >&2; exit 1; }
+	npm ci --ignore-scripts --no-audit --no-fund
+	touch $(NODE_STAMP)
+
 ## book: build the static website into _build/html and say where to open it
-book: $(STAMP)
+book: $(STAMP) $(NODE_STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The book is built. Open file://$(CURDIR)/_build/html/index.html"
 
 ## test: every test: package, notebooks (strict nbval), hygiene, ruff, the book build
-test: $(STAMP)
+test: $(STAMP) $(NODE_STAMP)
+	tools/ensure_chromium.sh
 	$(BIN)/python -m pytest
 
 ## lab: open the notebooks in JupyterLab

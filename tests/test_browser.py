@@ -1,0 +1,646 @@
+"""The website, tested in a real browser: it stands on its own, works without a kernel, is accessible.
+
+Every page listed in ``_toc.yml`` is loaded in Debian's Chromium (driven by Playwright) from a
+static server on 127.0.0.1, with every request to another host blocked and recorded. Each page
+is visited once (``page_report``) and every test below reads what that visit saw, so a failure
+names both the page and the property. A full-page screenshot of each page is saved under
+``_build/screenshots/`` for a person to look at.
+
+Chromium: ``tools/ensure_chromium.sh`` (run by ``make test``) installs Debian's ``chromium`` when
+it is missing; set ``CHROMIUM`` to use another Chromium or Chrome binary. A missing browser is a
+test failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import html.parser
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import threading
+from dataclasses import dataclass, field
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlsplit
+
+import pytest
+import yaml
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+# Each page's total transfer: the HTML and everything it loads, as compressed on the wire
+# (the test server gzips text files as GitHub Pages and other hosts do).
+MAX_PAGE_BYTES = 3_000_000
+WAIT_MS = 20_000  # the longest a page may take to typeset its math or draw a view
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Which pages: everything the table of contents lists, read afresh on every run.
+
+
+def _toc_files(entry) -> list[str]:
+    files: list[str] = []
+    if isinstance(entry, dict):
+        if "glob" in entry:
+            raise ValueError(f"list pages with `file:` in _toc.yml, not `glob:` ({entry})")
+        if "file" in entry:
+            files.append(re.sub(r"\.(md|ipynb|rst)$", "", str(entry["file"])))
+        for key in ("parts", "chapters", "sections", "subtrees", "entries"):
+            for child in entry.get(key) or []:
+                files += _toc_files(child)
+    return files
+
+
+def toc_pages() -> list[str]:
+    """The docnames of every page in ``_toc.yml``: the root first, then in reading order."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    return [re.sub(r"\.(md|ipynb|rst)$", "", str(toc["root"]))] + _toc_files(toc)
+
+
+PAGES = toc_pages()
+
+
+def book_config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------------------
+# The browser and the local server.
+
+
+def chromium_executable() -> str:
+    """Debian's chromium (or ``$CHROMIUM``); fails, with the fix, when there is none."""
+    candidates = [os.environ.get("CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium"]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    ci = os.environ.get("CI", "").lower() == "true"
+    pytest.fail(
+        "no Chromium for the browser tests"
+        + (" (CI=true: a missing browser is a failure)" if ci else "")
+        + ". Install Debian's package with `tools/ensure_chromium.sh` (as root; `make test` runs "
+        "it), or point the CHROMIUM environment variable at a Chromium or Chrome binary.",
+        pytrace=False,
+    )
+
+
+@functools.cache
+def _gzipped(path: Path, mtime_ns: int) -> bytes:
+    return gzip.compress(path.read_bytes(), compresslevel=6, mtime=0)
+
+
+class _SiteHandler(SimpleHTTPRequestHandler):
+    """Serves the built site as a web host does: text files gzip-compressed when asked."""
+
+    COMPRESSIBLE = {".html", ".js", ".css", ".json", ".svg", ".txt", ".ttf", ".eot", ".inv"}
+
+    def send_head(self):
+        path = Path(self.translate_path(self.path))
+        accepts_gzip = "gzip" in self.headers.get("Accept-Encoding", "")
+        if not (accepts_gzip and path.is_file() and path.suffix in self.COMPRESSIBLE):
+            return super().send_head()
+        body = _gzipped(path, path.stat().st_mtime_ns)
+        self.send_response(200)
+        self.send_header("Content-Type", self.guess_type(str(path)))
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return io.BytesIO(body)
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+@dataclass
+class Site:
+    html_dir: Path
+    base_url: str
+    screenshots: Path
+
+
+@pytest.fixture(scope="session")
+def site(built_book):
+    """The built website, served from 127.0.0.1 on a free port."""
+    problems = [line for line in built_book.log.splitlines() if re.search(r"WARNING|ERROR", line)]
+    assert built_book.returncode == 0, "the book did not build, so no page can be tested:\n" + (
+        "\n".join(problems[:20]) or built_book.log[-1500:]
+    )
+    handler = functools.partial(_SiteHandler, directory=str(built_book.html_dir))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    screenshots = built_book.html_dir.parent / "screenshots"
+    shutil.rmtree(screenshots, ignore_errors=True)
+    screenshots.mkdir(parents=True)
+    yield Site(built_book.html_dir, f"http://127.0.0.1:{server.server_port}/", screenshots)
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    executable = chromium_executable()
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+# --------------------------------------------------------------------------------------
+# One visit per page; the tests read its report.
+
+
+@dataclass
+class PageReport:
+    docname: str
+    url: str
+    status: int | None = None
+    blocked: list[str] = field(default_factory=list)  # requests to another host (aborted)
+    failed: list[str] = field(default_factory=list)  # local requests that did not succeed
+    console_errors: list[str] = field(default_factory=list)
+    transfer_bytes: int = 0
+    largest: list[str] = field(default_factory=list)  # the heaviest responses, for the message
+    math: dict = field(default_factory=dict)
+    bertviz: list[dict] = field(default_factory=list)
+    widgets: list[dict] = field(default_factory=list)
+    demos: list[dict] = field(default_factory=list)
+    images: list[dict] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    axe_violations: list[dict] = field(default_factory=list)
+    launch_links: list[str] = field(default_factory=list)
+    title: str = ""
+    footer: str = ""
+    screenshot: Path | None = None
+
+
+MATH_JS = r"""() => {
+  const sources = [...document.querySelectorAll("span.math, div.math")];
+  const unrendered = sources.filter(el => !el.querySelector("mjx-container"))
+                            .map(el => el.textContent.trim().slice(0, 80));
+  const errors = [...document.querySelectorAll("mjx-merror")]
+                   .map(el => el.getAttribute("data-mjx-error") || el.textContent);
+  const main = document.querySelector("main") || document.body;
+  const walker = document.createTreeWalker(main, NodeFilter.SHOW_TEXT);
+  const raw = [];
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    if (node.parentElement.closest("pre, code, script, style, textarea, mjx-container")) continue;
+    if (node.nodeValue.includes("$$")) raw.push(node.nodeValue.trim().slice(0, 80));
+  }
+  // A backslash MathJax printed as text (as in \text{head\_dim}) is TeX it did not understand.
+  const backslashes = [...document.querySelectorAll("mjx-assistive-mml mtext")]
+                        .map(el => el.textContent).filter(text => text.includes("\\"));
+  return {sources: sources.length, rendered: document.querySelectorAll("mjx-container").length,
+          unrendered, errors, raw, backslashes};
+}"""
+
+MATH_READY_JS = """() => !document.querySelector("span.math, div.math") ||
+  !!(window.MathJax && MathJax.startup && MathJax.startup.promise)"""
+
+# MathJax's startup promise settles once the first typesetting pass is done.
+MATH_TYPESET_JS = """() => window.MathJax && MathJax.startup && MathJax.startup.promise
+  ? MathJax.startup.promise.then(() => true, () => false) : true"""
+
+BERTVIZ_JS = r"""(clickDetail) => [...document.querySelectorAll('div[id^="bertviz-"]')].map(root => {
+  // The view's parameters (tokens included) sit in the script bertviz wrote after it.
+  let tokens = [];
+  for (const script of document.scripts) {
+    const m = script.textContent.match(/const params = (\{.*\});\s*\/\/ HACK/);
+    if (!m || !m[1].includes(root.id)) continue;
+    const attention = JSON.parse(m[1]).attention;
+    const view = attention[Object.keys(attention)[0]];
+    tokens = [...new Set([...(view.left_text || []), ...(view.right_text || [])])];
+  }
+  if (clickDetail) {  // the model view shows a head's tokens once its thumbnail is clicked
+    const region = root.querySelector('svg rect[style*="opacity: 0"]');
+    if (region) region.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+  }
+  const visible = [...root.querySelectorAll("svg text")].filter(t => {
+    const box = t.getBoundingClientRect();
+    const style = getComputedStyle(t);
+    return box.width > 0 && box.height > 0 && style.visibility !== "hidden" &&
+           style.display !== "none" && t.textContent.trim() !== "";
+  }).map(t => t.textContent.trim());
+  const labels = [...new Set(visible)];
+  return {id: root.id, tokens, labels,
+          missing: tokens.filter(tok => !labels.includes(tok.trim()))};
+})"""
+
+WIDGETS_JS = """() => [...document.querySelectorAll(
+    'script[type="application/vnd.jupyter.widget-view+json"]')].map(tag => {
+  const area = tag.previousElementSibling;
+  const box = area && area.classList.contains("widget-subarea")
+              ? area.getBoundingClientRect() : null;
+  return {model_id: JSON.parse(tag.textContent).model_id,
+          rendered: !!box && box.width > 0 && box.height > 0 && area.children.length > 0};
+})"""
+
+WIDGETS_READY_JS = """() => [...document.querySelectorAll(
+    'script[type="application/vnd.jupyter.widget-view+json"]')].every(tag => {
+  const area = tag.previousElementSibling;
+  return area && area.classList.contains("widget-subarea") && area.children.length > 0;
+})"""
+
+BERTVIZ_READY_JS = """() => [...document.querySelectorAll('div[id^="bertviz-"]')]
+  .every(root => root.querySelector("svg text"))"""
+
+IMAGES_JS = """() => [...document.querySelectorAll("img")].map(img => ({
+  src: img.getAttribute("src"), alt: img.getAttribute("alt"),
+  loaded: img.complete && img.naturalWidth > 0}))"""
+
+LINKS_JS = """() => [...document.querySelectorAll("a[href]")].map(a => a.href)"""
+
+PAGE_TEXT_JS = """() => ({
+  title: document.title,
+  footer: [...document.querySelectorAll("footer")].map(f => f.innerText).join("\\n"),
+  launch: [...document.querySelectorAll("a[href]")].map(a => a.href)
+            .filter(h => h.includes("colab.research.google.com") || h.includes("mybinder.org")),
+})"""
+
+
+def _exercise_demos(page) -> list[dict]:
+    """Move each kernel-free demo's control and record what its output showed before and after."""
+    results = []
+    demos = page.locator(".ab-demo")
+    for index in range(demos.count()):
+        demo = demos.nth(index)
+        demo.scroll_into_view_if_needed()
+        name = demo.get_attribute("data-demo") or f"#{index}"
+        output = demo.locator(".ab-demo-output")
+        result = {"demo": name, "controls": [], "has_output": output.count() > 0}
+        if not result["has_output"]:
+            results.append(result)
+            continue
+        sliders = demo.locator('input[type="range"]')
+        for s in range(sliders.count()):
+            slider = sliders.nth(s)
+            before = output.first.inner_text()
+            at_max = slider.input_value() == slider.get_attribute("max")
+            slider.focus()
+            page.keyboard.press("Home" if at_max else "End")  # a reader's key press
+            after = output.first.inner_text()
+            result["controls"].append({"control": f"slider {s}", "changed": after != before})
+        cells = demo.locator(".ab-mask-cell")
+        if cells.count():
+            # Unblocking a blocked pair changes its row, unless that key's weight is too small
+            # to show in the printed digits; so try a few cells, each a reader's mouse click.
+            order = sorted(
+                range(cells.count()),
+                key=lambda c: cells.nth(c).get_attribute("aria-pressed") != "false",
+            )
+            changed = False
+            for c in order[:6]:
+                before = output.first.inner_text()
+                cells.nth(c).click()
+                changed = output.first.inner_text() != before
+                if changed:
+                    break
+            result["controls"].append({"control": "mask cells", "changed": changed})
+        results.append(result)
+    return results
+
+
+def _run_axe(page) -> list[dict]:
+    """Run axe-core (shipped by axe-playwright-python) and keep serious and critical findings."""
+    # axe registers itself as an anonymous AMD module when require.js (bertviz) is on the
+    # page; hide `define` while it loads so it lands on window.axe.
+    page.evaluate("() => { window.__abDefine = window.define; window.define = undefined; }")
+    page.evaluate(Axe().axe_script)
+    page.evaluate("() => { window.define = window.__abDefine; }")
+    # preload: false stops axe fetching the stylesheets itself; it resolves the theme's
+    # `@import "../basic.css"` against the page instead of the stylesheet and asks for a file
+    # that does not exist.
+    results = page.evaluate(
+        "async () => await axe.run(document, {resultTypes: ['violations'], preload: false})"
+    )
+    return [
+        {
+            "id": v["id"],
+            "impact": v["impact"],
+            "help": v["help"],
+            "nodes": [" ".join(map(str, n["target"])) for n in v["nodes"]][:5],
+        }
+        for v in results["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+def visit(browser, site: Site, docname: str) -> PageReport:
+    """Load one page with the network closed and record everything the tests check."""
+    url = urljoin(site.base_url, f"{docname}.html")
+    report = PageReport(docname=docname, url=url)
+    local = urlsplit(site.base_url).netloc
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    finished = []
+
+    def route(route_obj):
+        request_url = route_obj.request.url
+        if urlsplit(request_url).netloc == local:
+            route_obj.continue_()
+        else:
+            report.blocked.append(request_url)
+            route_obj.abort("blockedbyclient")
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda m: m.type == "error" and report.console_errors.append(m.text))
+    page.on("pageerror", lambda e: report.console_errors.append(f"uncaught: {e}"))
+    page.on("requestfinished", lambda request: finished.append(request))
+
+    def on_failed(request):
+        if urlsplit(request.url).netloc == local:
+            report.failed.append(f"{request.url} ({request.failure})")
+
+    page.on("requestfailed", on_failed)
+
+    def on_response(response):
+        if response.status >= 400 and urlsplit(response.url).netloc == local:
+            report.failed.append(f"{response.url} (HTTP {response.status})")
+
+    page.on("response", on_response)
+    try:
+        response = page.goto(url, wait_until="load")
+        report.status = response.status if response else None
+        # Wait for MathJax, the widget manager and bertviz to finish drawing. What is still
+        # missing after WAIT_MS is what the tests report, so a timeout is not an error here.
+        for ready in (MATH_READY_JS, WIDGETS_READY_JS, BERTVIZ_READY_JS):
+            try:
+                page.wait_for_function(ready, timeout=WAIT_MS)
+            except PlaywrightTimeoutError:
+                pass
+        page.evaluate(MATH_TYPESET_JS)
+        page.evaluate("document.fonts.ready.then(() => true)")
+        report.math = page.evaluate(MATH_JS)
+        report.widgets = page.evaluate(WIDGETS_JS)
+        report.images = page.evaluate(IMAGES_JS)
+        report.links = page.evaluate(LINKS_JS)
+        texts = page.evaluate(PAGE_TEXT_JS)
+        report.title, report.footer, report.launch_links = (
+            texts["title"],
+            texts["footer"],
+            texts["launch"],
+        )
+        report.axe_violations = _run_axe(page)
+        report.screenshot = site.screenshots / f"{docname.replace('/', '__')}.png"
+        page.screenshot(path=str(report.screenshot), full_page=True)
+        # Interacting changes the page, so it comes after the scan and the screenshot.
+        report.bertviz = page.evaluate(BERTVIZ_JS, False)
+        if any(view["missing"] for view in report.bertviz):
+            report.bertviz = page.evaluate(BERTVIZ_JS, True)
+        report.demos = _exercise_demos(page)
+        page.wait_for_load_state("networkidle")
+        sizes = []
+        for request in finished:
+            size = request.sizes()
+            sizes.append((size["responseBodySize"] + size["responseHeadersSize"], request.url))
+        report.transfer_bytes = sum(size for size, _ in sizes)
+        report.largest = [f"{size / 1e3:.0f} kB {url}" for size, url in sorted(sizes)[::-1][:6]]
+    finally:
+        context.close()
+    return report
+
+
+@pytest.fixture(scope="session")
+def page_report(browser, site):
+    """``page_report(docname)``: the report of that page's visit (each page visited once)."""
+    cache: dict[str, PageReport | Exception] = {}
+
+    def get(docname: str) -> PageReport:
+        if docname not in cache:
+            try:
+                cache[docname] = visit(browser, site, docname)
+            except Exception as error:  # noqa: BLE001 - every test of this page reports it
+                cache[docname] = error
+        result = cache[docname]
+        if isinstance(result, Exception):
+            raise AssertionError(f"visiting {docname} failed: {result}") from result
+        return result
+
+    return get
+
+
+# --------------------------------------------------------------------------------------
+# The tests, one property per test, each over every page.
+
+pages = pytest.mark.parametrize("docname", PAGES)
+
+
+@pages
+def test_page_loads_and_is_screenshotted(page_report, docname):
+    report = page_report(docname)
+    assert report.status == 200, f"{report.url} answered {report.status}"
+    assert report.screenshot is not None and report.screenshot.stat().st_size > 0
+
+
+@pages
+def test_no_request_leaves_the_site(page_report, docname):
+    report = page_report(docname)
+    assert report.blocked == [], (
+        f"{docname} asked another host for: {report.blocked}. Serve it from _static/npm/ "
+        "(see _ext/static_site.py)."
+    )
+    assert report.failed == [], f"{docname}: these local requests failed: {report.failed}"
+
+
+@pages
+def test_no_javascript_errors(page_report, docname):
+    report = page_report(docname)
+    assert report.console_errors == [], f"{docname} logged errors: {report.console_errors}"
+
+
+@pages
+def test_math_is_rendered(page_report, docname):
+    math = page_report(docname).math
+    assert math["unrendered"] == [], f"{docname}: MathJax left these untypeset: {math['unrendered']}"
+    assert math["rendered"] >= math["sources"], f"{docname}: MathJax output missing: {math}"
+    assert math["errors"] == [], f"{docname}: TeX errors: {math['errors']}"
+    assert math["raw"] == [], f"{docname}: raw $$ left in the text: {math['raw']}"
+    assert math["backslashes"] == [], (
+        f"{docname}: MathJax shows these backslashes as text: {math['backslashes']} "
+        "(inside \\text{...} write head_dim, not head\\_dim)"
+    )
+
+
+@pages
+def test_attention_views_draw_their_tokens(page_report, docname):
+    for view in page_report(docname).bertviz:
+        assert view["tokens"], f"{docname}: no tokens found for the bertviz view {view['id']}"
+        assert view["missing"] == [], (
+            f"{docname}: the bertviz view {view['id']} does not show the tokens "
+            f"{view['missing']} (visible labels: {view['labels']})"
+        )
+
+
+@pages
+def test_stored_widgets_render(page_report, docname):
+    unrendered = [w["model_id"] for w in page_report(docname).widgets if not w["rendered"]]
+    assert unrendered == [], f"{docname}: these stored widgets did not render: {unrendered}"
+
+
+@pages
+def test_demos_change_when_their_control_moves(page_report, docname):
+    for demo in page_report(docname).demos:
+        assert demo["has_output"], f"{docname}: demo {demo['demo']} has no .ab-demo-output"
+        assert demo["controls"], f"{docname}: demo {demo['demo']} has no control to move"
+        frozen = [c["control"] for c in demo["controls"] if not c["changed"]]
+        assert frozen == [], (
+            f"{docname}: moving {frozen} of demo {demo['demo']} did not change what it shows"
+        )
+
+
+_GENERIC_ALT = re.compile(
+    r"^(image|img|figure|fig|picture|photo|graphic|plot|chart|output|png|svg|untitled|alt)?\s*\d*$",
+    re.IGNORECASE,
+)
+
+
+@pages
+def test_images_have_meaningful_alt_text(page_report, docname):
+    for image in page_report(docname).images:
+        alt = (image["alt"] or "").strip()
+        name = Path(urlsplit(image["src"] or "").path).name
+        assert image["loaded"], f"{docname}: the image {image['src']} did not load"
+        assert not _GENERIC_ALT.match(alt) and alt != name and not re.search(
+            r"\.(png|jpe?g|svg|gif)$", alt, re.IGNORECASE
+        ), f"{docname}: the image {image['src']} has no meaningful alt text (alt={alt!r})"
+
+
+@pages
+def test_no_serious_accessibility_violations(page_report, docname):
+    violations = page_report(docname).axe_violations
+    assert violations == [], f"{docname}: axe-core found: {json.dumps(violations, indent=1)}"
+
+
+class _Anchors(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.anchors: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        for key, value in attrs:
+            if key == "id" or (tag == "a" and key == "name"):
+                self.anchors.add(value or "")
+
+
+@functools.cache
+def _anchors_in(path: Path) -> frozenset[str]:
+    parser = _Anchors()
+    parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+    return frozenset(parser.anchors)
+
+
+@pages
+def test_internal_links_and_anchors_resolve(page_report, site, docname):
+    report = page_report(docname)
+    local = urlsplit(site.base_url).netloc
+    broken = []
+    for href in report.links:
+        parts = urlsplit(href)
+        if parts.scheme not in ("http", "https") or parts.netloc != local:
+            continue
+        path = unquote(parts.path).lstrip("/") or "index.html"
+        target = site.html_dir / path
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            broken.append(f"{href} (no such file)")
+        elif parts.fragment and target.suffix == ".html":
+            if unquote(parts.fragment) not in _anchors_in(target):
+                broken.append(f"{href} (no such anchor)")
+    assert broken == [], f"{docname} links to: {broken}"
+
+
+@pages
+def test_page_weight_is_under_budget(page_report, docname):
+    size = page_report(docname).transfer_bytes
+    assert 0 < size < MAX_PAGE_BYTES, (
+        f"{docname} transfers {size / 1e6:.2f} MB, more than {MAX_PAGE_BYTES / 1e6:.0f} MB; "
+        f"the largest responses: {page_report(docname).largest}"
+    )
+
+
+@pages
+def test_title_and_footer_are_the_books_own(page_report, docname):
+    report = page_report(docname)
+    config = book_config()
+    assert report.title.endswith(config["title"]), f"{docname}: title {report.title!r}"
+    assert config["author"] in report.footer, f"{docname}: footer {report.footer!r}"
+    assert str(config["copyright"]) in report.footer, f"{docname}: footer {report.footer!r}"
+    for template_text in ("Jupyter Book Community", "Executable Books", "The Jupyter Book"):
+        assert template_text not in report.footer, f"{docname}: template footer {report.footer!r}"
+
+
+@pytest.mark.parametrize("docname", [p for p in PAGES if (ROOT / f"{p}.ipynb").is_file()])
+def test_chapters_have_colab_and_binder_buttons(page_report, docname):
+    config = book_config()
+    repo = urlsplit(config["repository"]["url"]).path.strip("/")
+    branch = config["repository"]["branch"]
+    book_path = (config["repository"].get("path_to_book") or "").strip("/")
+    notebook = "/".join(p for p in (book_path, f"{docname}.ipynb") if p)
+    expected = [
+        f"https://colab.research.google.com/github/{repo}/blob/{branch}/{notebook}",
+        f"https://mybinder.org/v2/gh/{repo}/{branch}?urlpath=tree/{notebook}",
+    ]
+    links = page_report(docname).launch_links
+    for url in expected:
+        assert url in links, f"{docname}: no launch button to {url} (found {links})"
+
+
+def test_book_has_the_temperature_and_mask_demos(page_report):
+    """Both kernel-free demos are on the website; the tests above prove they react."""
+    found = {demo["demo"] for docname in PAGES for demo in page_report(docname).demos}
+    missing = {"temperature", "mask-editor"} - found
+    assert not missing, f"no page in _toc.yml has the kernel-free demos {sorted(missing)}"
+
+
+# --------------------------------------------------------------------------------------
+# The build step itself, without a browser: bertviz's CDN addresses become local files.
+
+
+def _static_site():
+    spec = importlib.util.spec_from_file_location(
+        "static_site", ROOT / "_ext" / "static_site.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bertviz_output_is_rewritten_to_local_files_and_labelled_menus(site):
+    import torch
+    from bertviz import head_view, model_view
+
+    attention = (torch.full((1, 1, 2, 2), 0.5),)
+    module = _static_site()
+    for view in (head_view, model_view):
+        markup = view(attention, ["a", "b"], html_action="return").data
+        assert "cdnjs.cloudflare.com" in markup  # the rewrite has something to do
+        local = module.label_bertviz_menus(module.rewrite_cdn_urls(markup, "_static/"))
+        assert re.findall(r"<select[^>]*>", local) == re.findall(
+            r"<select[^>]*aria-label=[^>]*>", local
+        ), "every bertviz menu needs an accessible name"
+        assert "cdnjs" not in local
+        assert not module._EXTERNAL_RESOURCE.search(local)
+        for address in re.findall(r"_static/npm/[\w./-]+", local):
+            file = address if address.endswith(".js") else f"{address}.js"
+            assert (site.html_dir / file).is_file(), f"{file} is not in the built site"
