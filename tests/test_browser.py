@@ -182,6 +182,7 @@ class PageReport:
     largest: list[str] = field(default_factory=list)  # the heaviest responses, for the message
     math: dict = field(default_factory=dict)
     bertviz: list[dict] = field(default_factory=list)
+    bertviz_outputs: int = 0  # bertviz parameter scripts in the page: one per stored view
     widgets: list[dict] = field(default_factory=list)
     demos: list[dict] = field(default_factory=list)
     images: list[dict] = field(default_factory=list)
@@ -260,6 +261,9 @@ WIDGETS_READY_JS = """() => [...document.querySelectorAll(
   const area = tag.previousElementSibling;
   return area && area.classList.contains("widget-subarea") && area.children.length > 0;
 })"""
+
+BERTVIZ_OUTPUTS_JS = r"""() => [...document.scripts]
+  .filter(script => /const params = \{.*\};\s*\/\/ HACK/.test(script.textContent)).length"""
 
 BERTVIZ_READY_JS = """() => [...document.querySelectorAll('div[id^="bertviz-"]')]
   .every(root => root.querySelector("svg text"))"""
@@ -405,6 +409,7 @@ def visit(browser, site: Site, docname: str) -> PageReport:
         page.screenshot(path=str(report.screenshot), full_page=True)
         # Interacting changes the page, so it comes after the scan and the screenshot.
         report.bertviz = page.evaluate(BERTVIZ_JS, False)
+        report.bertviz_outputs = page.evaluate(BERTVIZ_OUTPUTS_JS)
         if any(view["missing"] for view in report.bertviz):
             report.bertviz = page.evaluate(BERTVIZ_JS, True)
         report.demos = _exercise_demos(page)
@@ -483,7 +488,12 @@ def test_math_is_rendered(page_report, docname):
 
 @pages
 def test_attention_views_draw_their_tokens(page_report, docname):
-    for view in page_report(docname).bertviz:
+    report = page_report(docname)
+    assert len(report.bertviz) == report.bertviz_outputs, (
+        f"{docname}: {report.bertviz_outputs} bertviz outputs but {len(report.bertviz)} views "
+        "found by their id (attention_book.viz names them bertviz-<element_id>)"
+    )
+    for view in report.bertviz:
         assert view["tokens"], f"{docname}: no tokens found for the bertviz view {view['id']}"
         assert view["missing"] == [], (
             f"{docname}: the bertviz view {view['id']} does not show the tokens "

@@ -120,7 +120,7 @@ def test_starts_with_title_goals_and_colab_install_cell(notebook):
     assert '"google.colab" in sys.modules' in source, (
         f"{path.name}: the first code cell must be the Colab install cell"
     )
-    assert f"git+{url}" in source, (
+    assert f"attention-book[book] @ git+{url}" in source, (
         f"{path.name}: the install cell must use repository.url from _config.yml ({url})"
     )
     assert "remove-cell" in install["metadata"].get("tags", []), (

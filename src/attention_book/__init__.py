@@ -15,6 +15,8 @@ from .modules import (
     MultiHeadAttentionWrapper,
     SelfAttention,
 )
+from .pretrained import load_pretrained
+from .viz import head_view, model_view, plot_attention, plot_heads
 
 __version__ = "0.1.0"
 
@@ -30,4 +32,9 @@ __all__ = [
     "GroupedQueryAttention",
     "diagnose",
     "DiagnosisReport",
+    "plot_attention",
+    "plot_heads",
+    "head_view",
+    "model_view",
+    "load_pretrained",
 ]

@@ -1,0 +1,315 @@
+"""Pictures of attention weights: matplotlib heatmaps and bertviz views.
+
+``plot_attention`` draws one ``(T_q, T_k)`` weight matrix; ``plot_heads`` draws
+every head of a layer side by side. ``head_view`` and ``model_view`` wrap bertviz
+(Vig, 2019) so that they take the book's modules' weights and give
+HTML with a fixed element id, so a stored notebook output is the same on every run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["plot_attention", "plot_heads", "head_view", "model_view"]
+
+_ELEMENT_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_BERTVIZ_ID = re.compile(r"bertviz-[0-9a-f]{32}")
+
+
+def _as_matrix(weights: object, name: str = "weights") -> torch.Tensor:
+    if not isinstance(weights, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(weights).__name__}")
+    if weights.dim() != 2:
+        raise ValueError(
+            f"{name} must be a (T_q, T_k) matrix, got shape {tuple(weights.shape)}; "
+            "pick one example and one head first, e.g. weights[0, head]"
+        )
+    return weights.detach().float().cpu()
+
+
+def _check_tokens(tokens: Sequence[str], count: int, what: str) -> list[str]:
+    if isinstance(tokens, str) or not isinstance(tokens, Sequence):
+        raise TypeError(f"{what} tokens must be a list of strings, got {type(tokens).__name__}")
+    if len(tokens) != count:
+        kind = f"{what} " if what else ""
+        raise ValueError(
+            f"got {len(tokens)} {kind}tokens but the weights have {count} {kind}positions"
+            f" (T={count})"
+        )
+    return [str(token) for token in tokens]
+
+
+def plot_attention(
+    weights: torch.Tensor,
+    tokens: Sequence[str],
+    *,
+    query_tokens: Sequence[str] | None = None,
+    ax=None,
+    title: str | None = None,
+    cmap: str = "viridis",
+    annotate: bool = False,
+    colorbar: bool = True,
+    vmax: float | None = None,
+):
+    """Draw an attention weight matrix as a heatmap with token labels.
+
+    Row ``i`` is query token ``i``; column ``j`` is how much it attends to key token ``j``.
+
+    Args:
+        weights: the attention weights of one example and one head.
+        tokens: the key tokens (and the query tokens, unless ``query_tokens`` is given).
+        query_tokens: the query tokens when they differ from the keys.
+        ax: a matplotlib Axes to draw on; a new figure is made when None.
+        title: the title; a descriptive default names the sizes.
+        cmap: a colour-blind-safe colormap (``"viridis"`` or ``"cividis"``).
+        annotate: write each weight in its cell (readable up to about 10 tokens).
+        colorbar: add a colour bar labelled "attention weight".
+        vmax: top of the colour scale; default the largest weight (at least 1e-6).
+
+    Shapes:
+        weights ``(T_q, T_k)``; ``len(tokens) == T_k``; ``len(query_tokens) == T_q``.
+
+    Returns:
+        The matplotlib Axes.
+
+    Taught in chapter 8.
+    """
+    import matplotlib.pyplot as plt
+
+    matrix = _as_matrix(weights)  # (T_q, T_k)
+    num_queries, num_keys = matrix.shape
+    key_labels = _check_tokens(tokens, num_keys, "key")
+    query_labels = _check_tokens(
+        tokens if query_tokens is None else query_tokens, num_queries, "query"
+    )
+    if ax is None:
+        size = 0.45 * max(num_queries, num_keys) + 2.0
+        _, ax = plt.subplots(figsize=(size + 1.0, size))
+    top = float(matrix.max()) if vmax is None else vmax
+    image = ax.imshow(matrix.numpy(), cmap=cmap, vmin=0.0, vmax=max(top, 1e-6))
+    ax.set_xticks(range(num_keys), key_labels, rotation=60, ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(num_queries), query_labels)
+    ax.set_xlabel("key (the token attended to)")
+    ax.set_ylabel("query (the token attending)")
+    ax.set_title(title or f"Attention weights ({num_queries} queries x {num_keys} keys)")
+    if annotate:
+        middle = max(top, 1e-6) / 2
+        for row in range(num_queries):
+            for col in range(num_keys):
+                value = float(matrix[row, col])
+                ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                        color="black" if value > middle else "white")
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    return ax
+
+
+def plot_heads(
+    weights: torch.Tensor,
+    tokens: Sequence[str],
+    *,
+    title: str | None = None,
+    ncols: int = 4,
+    cmap: str = "viridis",
+    head_names: Sequence[str] | None = None,
+):
+    """Draw every head of one layer as a grid of small heatmaps on one colour scale.
+
+    Args:
+        weights: one layer's weights, with or without a batch dimension of 1.
+        tokens: the tokens (queries and keys).
+        title: the figure title.
+        ncols: heatmaps per row.
+        cmap: a colour-blind-safe colormap.
+        head_names: a title for each panel (default ``"head 0"``, ``"head 1"``, ...).
+
+    Shapes:
+        weights ``(num_heads, T, T)`` or ``(1, num_heads, T, T)``; ``len(tokens) == T``.
+
+    Returns:
+        The array of Axes (one per head; unused panels are hidden).
+
+    Taught in chapter 8.
+    """
+    import matplotlib.pyplot as plt
+
+    layer = _as_layers(weights)[0][0]  # (num_heads, T, T)
+    num_heads, num_tokens, _ = layer.shape
+    labels = _check_tokens(tokens, num_tokens, "")
+    names = [f"head {h}" for h in range(num_heads)] if head_names is None else list(head_names)
+    if len(names) != num_heads:
+        raise ValueError(f"got {len(names)} head_names for {num_heads} heads")
+    ncols = min(ncols, num_heads)
+    nrows = -(-num_heads // ncols)
+    panel = 0.3 * num_tokens + 1.2
+    fig, axes = plt.subplots(nrows, ncols, figsize=(panel * ncols + 1.0, panel * nrows + 0.6),
+                             squeeze=False, constrained_layout=True)
+    top = max(float(layer.max()), 1e-6)
+    for head, ax in enumerate(axes.flat):
+        if head >= num_heads:
+            ax.set_visible(False)
+            continue
+        plot_attention(layer[head], labels, ax=ax, title=names[head], cmap=cmap,
+                       colorbar=False, vmax=top)
+        ax.tick_params(labelsize=7)
+        ax.xaxis.label.set_visible(head // ncols == nrows - 1)
+        ax.yaxis.label.set_visible(head % ncols == 0)
+    mappable = axes.flat[0].images[0]
+    fig.colorbar(mappable, ax=axes, shrink=0.8, label="attention weight")
+    fig.suptitle(title or f"Attention weights of {num_heads} heads")
+    return axes
+
+
+def _as_layers(attentions: object) -> list[torch.Tensor]:
+    """Normalise one tensor or a list of per-layer tensors to ``(1, heads, T, T)`` tensors."""
+    if isinstance(attentions, torch.Tensor):
+        layers = [attentions]
+    elif isinstance(attentions, (list, tuple)) and attentions:
+        layers = list(attentions)
+    else:
+        raise TypeError(
+            "attentions must be a tensor or a non-empty list of per-layer tensors, "
+            f"got {type(attentions).__name__}"
+        )
+    result = []
+    for index, layer in enumerate(layers):
+        if not isinstance(layer, torch.Tensor):
+            raise TypeError(f"layer {index} must be a torch.Tensor, got {type(layer).__name__}")
+        if layer.dim() == 3:
+            layer = layer.unsqueeze(0)  # (1, heads, T, T)
+        if layer.dim() != 4:
+            raise ValueError(
+                f"layer {index} has shape {tuple(layer.shape)}; expected (1, num_heads, T, T) "
+                "or (num_heads, T, T)"
+            )
+        if layer.size(0) != 1:
+            raise ValueError(
+                f"layer {index} has a batch of {layer.size(0)} (shape {tuple(layer.shape)}); "
+                "bertviz shows one example: pass weights[:1]"
+            )
+        if layer.size(-1) != layer.size(-2):
+            raise ValueError(
+                f"layer {index} is not self-attention: shape {tuple(layer.shape)} has "
+                f"{layer.size(-2)} queries but {layer.size(-1)} keys"
+            )
+        if result and layer.shape != result[0].shape:
+            raise ValueError(
+                f"layer {index} has shape {tuple(layer.shape)} but layer 0 has "
+                f"{tuple(result[0].shape)}; every layer needs the same heads and tokens"
+            )
+        # float64 rounded to 4 decimals: short, stable numbers in the stored HTML.
+        result.append(layer.detach().cpu().double().round(decimals=4))
+    return result
+
+
+def _fixed_ids(html: str, element_id: str | None, kind: str, layers, tokens) -> str:
+    if element_id is None:
+        digest = hashlib.sha256()
+        digest.update(kind.encode())
+        digest.update(" ".join(tokens).encode())
+        for layer in layers:
+            digest.update(layer.numpy().tobytes())
+        element_id = f"{kind}-{digest.hexdigest()[:12]}"
+    elif not isinstance(element_id, str) or not _ELEMENT_ID.match(element_id):
+        raise ValueError(
+            f"element_id must start with a letter and hold only letters, digits, '-' and '_', "
+            f"got {element_id!r}"
+        )
+    if len(set(_BERTVIZ_ID.findall(html))) != 1:
+        raise RuntimeError("unexpected bertviz output: could not find its one element id")
+    # Keep bertviz's own prefix, so a page can still find every bertviz view by its id.
+    return _BERTVIZ_ID.sub(f"bertviz-{element_id}", html)
+
+
+def _prepare(attentions, tokens) -> tuple[list[torch.Tensor], list[str]]:
+    layers = _as_layers(attentions)
+    num_tokens = layers[0].size(-1)
+    labels = _check_tokens(tokens, num_tokens, "")
+    return layers, labels
+
+
+def head_view(
+    attentions,
+    tokens: Sequence[str],
+    *,
+    element_id: str | None = None,
+    layer: int | None = None,
+    heads: Sequence[int] | None = None,
+):
+    """bertviz's head view of the book's attention weights, with a fixed element id.
+
+    Pick a layer and heads; hover over a token to see where it attends.
+
+    Args:
+        attentions: one layer's weights, or a list with one tensor per layer.
+        tokens: the tokens, one per position.
+        element_id: names the view, unique on the page (its HTML id becomes
+            ``bertviz-<element_id>``); by default derived from the weights and
+            tokens, so the same input gives the same id.
+        layer: the layer shown first (default 0).
+        heads: the heads shown first (default all).
+
+    Shapes:
+        each layer ``(1, num_heads, T, T)`` or ``(num_heads, T, T)``; ``len(tokens) == T``.
+
+    Returns:
+        An ``IPython.display.HTML`` object (display it, or make it a cell's last line).
+
+    Taught in chapter 8.
+    """
+    from bertviz import head_view as bertviz_head_view
+
+    layers, labels = _prepare(attentions, tokens)
+    if layer is not None and not 0 <= layer < len(layers):
+        raise ValueError(f"layer must lie in [0, {len(layers)}), got {layer}")
+    html = bertviz_head_view(layers, labels, layer=layer, heads=None if heads is None
+                             else list(heads), html_action="return")
+    html.data = _fixed_ids(html.data, element_id, "head-view", layers, labels)
+    return html
+
+
+def model_view(
+    attentions,
+    tokens: Sequence[str],
+    *,
+    element_id: str | None = None,
+    include_layers: Sequence[int] | None = None,
+    include_heads: Sequence[int] | None = None,
+    display_mode: str = "light",
+):
+    """bertviz's model view (every layer x every head) with a fixed element id.
+
+    Args:
+        attentions: one layer's weights, or a list with one tensor per layer.
+        tokens: the tokens, one per position.
+        element_id: the HTML id of the view, unique on the page; by default
+            derived from the weights and tokens.
+        include_layers: the layers to show (default all).
+        include_heads: the heads to show (default all).
+        display_mode: ``"light"`` or ``"dark"``.
+
+    Shapes:
+        each layer ``(1, num_heads, T, T)`` or ``(num_heads, T, T)``; ``len(tokens) == T``.
+
+    Returns:
+        An ``IPython.display.HTML`` object.
+
+    Taught in chapter 8.
+    """
+    from bertviz import model_view as bertviz_model_view
+
+    layers, labels = _prepare(attentions, tokens)
+    if display_mode not in ("light", "dark"):
+        raise ValueError(f"display_mode must be 'light' or 'dark', got {display_mode!r}")
+    html = bertviz_model_view(
+        layers, labels, display_mode=display_mode,
+        include_layers=None if include_layers is None else list(include_layers),
+        include_heads=None if include_heads is None else list(include_heads),
+        html_action="return",
+    )
+    html.data = _fixed_ids(html.data, element_id, "model-view", layers, labels)
+    return html
