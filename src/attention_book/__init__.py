@@ -8,6 +8,8 @@ ends by asserting that this package equals the code it wrote.
 
 from .attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
 from .diagnose import DiagnosisReport, diagnose
+from .flash import online_softmax, online_softmax_update, tile_plan, tiled_attention
+from .kv_cache import KVCache, kv_cache_bytes
 from .modules import (
     CausalSelfAttention,
     GroupedQueryAttention,
@@ -30,6 +32,12 @@ __all__ = [
     "MultiHeadAttentionWrapper",
     "MultiHeadAttention",
     "GroupedQueryAttention",
+    "online_softmax",
+    "online_softmax_update",
+    "tile_plan",
+    "tiled_attention",
+    "KVCache",
+    "kv_cache_bytes",
     "diagnose",
     "DiagnosisReport",
     "plot_attention",

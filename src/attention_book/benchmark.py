@@ -1,0 +1,412 @@
+"""What attention costs, measured: ``python -m attention_book.benchmark``.
+
+Three measurements, each a table of medians over repeated runs after a
+warm-up run, with ratios between rows taken in the same run:
+
+1. ``MultiHeadAttention`` forward + backward (B=2, T=1024, d=768, 12 heads,
+   causal) with ``backend="sdpa"`` and ``backend="naive"`` against
+   ``torch.nn.MultiheadAttention`` (``need_weights=False``, the same causal mask).
+2. Causal attention at B=1, 12 heads, T=4096, head_dim=64: the book's naive
+   attention, :func:`attention_book.flash.tiled_attention` and PyTorch's fused
+   ``scaled_dot_product_attention``: time, and peak extra memory measured as the
+   growth of the peak resident set size (``VmHWM``, reset just before the call)
+   of a fresh subprocess per variant across one call, next to
+   :func:`peak_tensor_bytes`.
+3. Generating 512 tokens one at a time, recomputing attention over the whole
+   prefix at every step versus a :class:`attention_book.kv_cache.KVCache`.
+
+The rows of one table run interleaved (round-robin), so a change of machine
+load affects them alike. This is a benchmark, not a test: nothing in the test
+suite times anything. Options: ``--threads`` (default 2), ``--repeats``,
+``--only``. Taught in chapter 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .attention import causal_mask, scaled_dot_product_attention
+from .flash import tiled_attention
+from .kv_cache import KVCache
+from .modules import MultiHeadAttention
+
+# The shapes the issue asks for.
+MHA_SHAPE = {"batch_size": 2, "num_tokens": 1024, "d_model": 768, "num_heads": 12}
+LONG_SHAPE = {"batch_size": 1, "num_heads": 12, "num_tokens": 4096, "head_dim": 64}
+DECODE_SHAPE = {"num_tokens": 512, "d_model": 384, "num_heads": 6}
+# Larger tiles than the default 128 mean fewer small operations in the Python loop.
+TILE_BLOCK_SIZE = 256
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def header(threads: int) -> str:
+    """The machine, thread count and versions, printed above the tables."""
+    import numpy
+
+    return "\n".join([
+        "attention_book benchmark (medians over repeated runs after one warm-up run)",
+        f"machine : {_cpu_name()}, {os.cpu_count()} logical CPUs, {platform.platform()}",
+        f"threads : torch.get_num_threads() = {threads}; load average before the run "
+        f"{os.getloadavg()[0]:.1f} (other processes compete for the CPUs when it exceeds 0)",
+        f"versions: python {platform.python_version()}, torch {torch.__version__}, "
+        f"numpy {numpy.__version__}",
+    ])
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
+
+    Taught in chapter 10.
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class _TensorMemoryTracker(TorchDispatchMode):
+    """Follow the storages that PyTorch operations create: live bytes now, and the peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._outside: set[int] = set()  # storages that existed before: inputs, parameters
+        self._live: dict[int, list[int]] = {}  # storage address -> [bytes, python references]
+
+    def _release(self, address: int) -> None:
+        entry = self._live.get(address)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._live[address]
+            self.current -= entry[0]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for item in pytree.tree_leaves((args, kwargs)):
+            if isinstance(item, torch.Tensor):
+                address = item.untyped_storage().data_ptr()
+                if address not in self._live:
+                    self._outside.add(address)
+        result = func(*args, **kwargs)
+        for item in pytree.tree_leaves(result):
+            if not isinstance(item, torch.Tensor):
+                continue
+            storage = item.untyped_storage()
+            address = storage.data_ptr()
+            if address in self._outside or storage.nbytes() == 0:
+                continue
+            if address in self._live:
+                self._live[address][1] += 1
+            else:
+                self._live[address] = [storage.nbytes(), 1]
+                self.current += storage.nbytes()
+                self.peak = max(self.peak, self.current)
+            weakref.finalize(item, self._release, address)
+        return result
+
+
+def peak_tensor_bytes(fn: Callable[[], object]) -> int:
+    """The most bytes of new tensors alive at once while ``fn()`` runs (its result included).
+
+    Every tensor an operation returns is followed until Python lets go of it;
+    inputs that existed before the call are not counted. This counts exactly
+    what a function written with PyTorch operations allocates, and is the same
+    on every machine; scratch memory that a fused kernel keeps to itself is
+    invisible to it (the benchmark therefore also measures the peak RSS).
+
+    Args:
+        fn: the computation, called once with no arguments (run it under ``torch.no_grad()``).
+
+    Shapes:
+        (any)
+
+    Returns:
+        The peak, in bytes.
+
+    Taught in chapter 10.
+    """
+    tracker = _TensorMemoryTracker()
+    with tracker:
+        result = fn()
+    del result
+    return tracker.peak
+
+
+def time_interleaved(
+    variants: dict[str, Callable[[], object]], repeats: int, *, warmup: bool = True
+) -> dict[str, list[float]]:
+    """Run every variant once as warm-up, then ``repeats`` rounds, rotating the order."""
+    names = list(variants)
+    if warmup:
+        for name in names:
+            variants[name]()
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            variants[name]()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def format_table(title: str, seconds: dict[str, list[float]], reference: str,
+                 extra: dict[str, str] | None = None, extra_title: str = "") -> str:
+    """A text table: median, spread and the ratio to ``reference`` for each row."""
+    ref_median = statistics.median(seconds[reference])
+    width = max(len(name) for name in seconds)
+    lines = [title, f"  {'variant':<{width}}  {'median':>10}  {'min..max':>17}  "
+                    f"{'x ' + reference:>12}  {extra_title}".rstrip()]
+    for name, times in seconds.items():
+        median = statistics.median(times)
+        spread = f"{min(times):.3f}..{max(times):.3f}"
+        cell = "" if extra is None else extra.get(name, "")
+        lines.append(f"  {name:<{width}}  {median:>9.3f}s  {spread:>17}  "
+                     f"{median / ref_median:>11.2f}x  {cell}".rstrip())
+    return "\n".join(lines)
+
+
+def _ratio(seconds: dict[str, list[float]], numerator: str, denominator: str) -> float:
+    return statistics.median(seconds[numerator]) / statistics.median(seconds[denominator])
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def bench_multihead(repeats: int) -> str:
+    """Target 1: MultiHeadAttention forward + backward against torch.nn.MultiheadAttention."""
+    batch_size, num_tokens, d_model, num_heads = MHA_SHAPE.values()
+    torch.manual_seed(0)
+    x = torch.randn(batch_size, num_tokens, d_model, requires_grad=True)  # (B, T, d)
+    ours_sdpa = MultiHeadAttention(d_model, d_model, num_heads, num_tokens, backend="sdpa")
+    ours_naive = MultiHeadAttention(d_model, d_model, num_heads, num_tokens, backend="naive")
+    torch_mha = nn.MultiheadAttention(d_model, num_heads, bias=False, batch_first=True)
+    # nn.MultiheadAttention's boolean mask has the opposite polarity: True = may NOT attend.
+    torch_mask = ~causal_mask(num_tokens)  # (T, T)
+
+    def run_torch() -> None:
+        out, _ = torch_mha(x, x, x, attn_mask=torch_mask, need_weights=False, is_causal=True)
+        out.sum().backward()
+
+    variants = {
+        "nn.MultiheadAttention": run_torch,
+        "MultiHeadAttention(sdpa)": lambda: ours_sdpa(x).sum().backward(),
+        "MultiHeadAttention(naive)": lambda: ours_naive(x).sum().backward(),
+    }
+    seconds = time_interleaved(variants, repeats)
+    vs_torch = _ratio(seconds, "MultiHeadAttention(sdpa)", "nn.MultiheadAttention")
+    vs_naive = _ratio(seconds, "MultiHeadAttention(sdpa)", "MultiHeadAttention(naive)")
+    shape = ", ".join(f"{key}={value}" for key, value in MHA_SHAPE.items())
+    return "\n".join([
+        format_table(f"1. forward + backward, causal ({shape}), {repeats} runs",
+                     seconds, "nn.MultiheadAttention"),
+        f"  target: sdpa <= 1.0x nn.MultiheadAttention: {vs_torch:.2f}x -> "
+        f"{_verdict(vs_torch <= 1.0)}; sdpa faster than naive: {vs_naive:.2f}x -> "
+        f"{_verdict(vs_naive < 1.0)}",
+    ])
+
+
+def _long_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch_size, num_heads, num_tokens, head_dim = LONG_SHAPE.values()
+    torch.manual_seed(0)
+    shape = (batch_size, num_heads, num_tokens, head_dim)
+    return torch.randn(shape), torch.randn(shape), torch.randn(shape)  # (B, H, T, head_dim)
+
+
+LONG_VARIANTS: dict[str, Callable[..., torch.Tensor]] = {
+    "naive (book)": lambda q, k, v: scaled_dot_product_attention(q, k, v, is_causal=True)[0],
+    "tiled_attention": lambda q, k, v: tiled_attention(
+        q, k, v, block_size=TILE_BLOCK_SIZE, is_causal=True),
+    "F.scaled_dot_product_attention": lambda q, k, v: (
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)),
+}
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def _memory_child(variant: str, threads: int) -> None:
+    """In a fresh process: print the growth of the peak RSS across one call of ``variant``.
+
+    Freed heap memory is first handed back to the system (``malloc_trim``) and the
+    kernel's peak-RSS mark is reset to the current RSS (``/proc/self/clear_refs``),
+    so the peak that follows belongs to this call alone.
+    """
+    torch.set_num_threads(threads)
+    query, key, value = _long_inputs()
+    with torch.no_grad():
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        before_kib = _status_kib("VmRSS")
+        output = LONG_VARIANTS[variant](query, key, value)
+        peak_kib = _status_kib("VmHWM")
+    del output
+    print(json.dumps({"before_kib": before_kib, "peak_kib": peak_kib}))
+
+
+def _peak_extra_mib(variant: str, threads: int) -> float:
+    command = [sys.executable, "-m", "attention_book.benchmark", "--memory-child", variant,
+               "--threads", str(threads)]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    return (figures["peak_kib"] - figures["before_kib"]) / 1024
+
+
+def bench_long(repeats: int, threads: int) -> str:
+    """Target 2: tiled_attention's time and peak extra memory against the naive attention."""
+    query, key, value = _long_inputs()
+    with torch.no_grad():
+        expected = LONG_VARIANTS["F.scaled_dot_product_attention"](query, key, value)
+        worst = (LONG_VARIANTS["tiled_attention"](query, key, value) - expected).abs().max()
+    memory = {name: _peak_extra_mib(name, threads) for name in LONG_VARIANTS}
+    with torch.no_grad():
+        tensor_mib = {name: peak_tensor_bytes(lambda fn=fn: fn(query, key, value)) / 2**20
+                      for name, fn in LONG_VARIANTS.items()}
+    with torch.no_grad():
+        variants = {name: (lambda fn=fn: fn(query, key, value))
+                    for name, fn in LONG_VARIANTS.items()}
+        seconds = time_interleaved(variants, repeats)
+    time_ratio = _ratio(seconds, "tiled_attention", "naive (book)")
+    memory_ratio = memory["tiled_attention"] / memory["naive (book)"]
+    vs_fused = _ratio(seconds, "tiled_attention", "F.scaled_dot_product_attention")
+    shape = ", ".join(f"{key}={value}" for key, value in LONG_SHAPE.items())
+    extra = {name: f"{mib:9.1f} MiB  {mib / memory['naive (book)']:6.1%}  "
+                   f"{tensor_mib[name]:9.1f} MiB"
+             for name, mib in memory.items()}
+    return "\n".join([
+        format_table(f"2. causal attention forward ({shape}, block_size={TILE_BLOCK_SIZE}), "
+                     f"{repeats} runs", seconds, "naive (book)", extra,
+                     "peak extra RSS  (% of naive)  peak tensors"),
+        "  peak extra RSS: VmHWM - VmRSS across one call in a fresh subprocess per variant, "
+        "after malloc_trim and a reset of VmHWM (inputs already allocated, the output counts)",
+        "  peak tensors: peak_tensor_bytes, the tensors the call's operations return "
+        "(blind to a fused kernel's private scratch memory)",
+        f"  tiled_attention vs F.scaled_dot_product_attention: max |difference| = "
+        f"{worst:.2e}, time {vs_fused:.2f}x",
+        f"  target: tiled memory <= 15% of naive: {memory_ratio:.1%} -> "
+        f"{_verdict(memory_ratio <= 0.15)}; tiled time <= 0.5x naive: {time_ratio:.2f}x -> "
+        f"{_verdict(time_ratio <= 0.5)}",
+    ])
+
+
+def _generate(layer: MultiHeadAttention, first: torch.Tensor, num_tokens: int,
+              use_cache: bool) -> torch.Tensor:
+    """Feed each output (layer-normalised) back in as the next token; return every output."""
+    d_model = first.size(-1)
+    outputs = []
+    if use_cache:
+        cache = KVCache(num_tokens)
+        token = first  # (1, 1, d)
+        for _ in range(num_tokens):
+            out = layer(token, kv_cache=cache)  # (1, 1, d)
+            outputs.append(out)
+            token = torch.nn.functional.layer_norm(out, (d_model,))  # (1, 1, d)
+    else:
+        sequence = first  # (1, t, d)
+        for _ in range(num_tokens):
+            out = layer(sequence)[:, -1:]  # (1, 1, d)
+            outputs.append(out)
+            next_token = torch.nn.functional.layer_norm(out, (d_model,))  # (1, 1, d)
+            sequence = torch.cat([sequence, next_token], dim=1)  # (1, t + 1, d)
+    return torch.cat(outputs, dim=1)  # (1, num_tokens, d)
+
+
+def bench_decode(repeats: int) -> str:
+    """Target 3: decoding 512 tokens with a KVCache against recomputing every step."""
+    num_tokens, d_model, num_heads = DECODE_SHAPE.values()
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(d_model, d_model, num_heads, num_tokens, backend="sdpa").eval()
+    first = torch.randn(1, 1, d_model)  # (1, 1, d)
+    with torch.no_grad():
+        recomputed = _generate(layer, first, num_tokens, use_cache=False)
+        cached = _generate(layer, first, num_tokens, use_cache=True)
+        worst = (recomputed - cached).abs().max().item()
+        variants = {
+            "recompute every step": lambda: _generate(layer, first, num_tokens, False),
+            "KVCache": lambda: _generate(layer, first, num_tokens, True),
+        }
+        # The equality check above already ran both paths once: it is the warm-up.
+        seconds = time_interleaved(variants, repeats, warmup=False)
+    speedup = _ratio(seconds, "recompute every step", "KVCache")
+    shape = ", ".join(f"{key}={value}" for key, value in DECODE_SHAPE.items())
+    return "\n".join([
+        format_table(f"3. generating {num_tokens} tokens one at a time ({shape}), "
+                     f"{repeats} runs", seconds, "recompute every step"),
+        f"  outputs: max |recompute - KVCache| = {worst:.2e} over all {num_tokens} steps",
+        f"  target: KVCache >= 5x faster: {speedup:.1f}x -> {_verdict(speedup >= 5.0)}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options, print the header and the three tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (default 5)")
+    parser.add_argument("--only", choices=["multihead", "long", "decode"], action="append",
+                        help="run only these tables (repeatable)")
+    parser.add_argument("--memory-child", choices=list(LONG_VARIANTS), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child is not None:
+        _memory_child(args.memory_child, args.threads)
+        return
+    if args.threads < 1 or args.repeats < 1:
+        parser.error("--threads and --repeats must be >= 1")
+    torch.set_num_threads(args.threads)
+    only = args.only or ["multihead", "long", "decode"]
+    print(header(torch.get_num_threads()), flush=True)
+    started = time.perf_counter()
+    if "multihead" in only:
+        print("\n" + bench_multihead(args.repeats), flush=True)
+    if "long" in only:
+        # The naive run at T=4096 takes seconds each: fewer repeats keep the total reasonable.
+        print("\n" + bench_long(max(1, min(args.repeats, 3)), args.threads), flush=True)
+    if "decode" in only:
+        # Recomputing 512 prefixes takes seconds per run: fewer repeats here too.
+        print("\n" + bench_decode(max(1, min(args.repeats, 3))), flush=True)
+    print(f"\ntotal wall time {time.perf_counter() - started:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
