@@ -40,6 +40,33 @@ def _check_mask(mask: torch.Tensor, scores_shape: torch.Size) -> None:
         )
 
 
+def _check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Size:
+    """Validate query/key/value for attention and return their broadcast leading dims."""
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        _require_float(name, tensor)
+        if tensor.dim() < 2:
+            raise ValueError(
+                f"{name} must have at least 2 dims (..., T, d), got shape {tuple(tensor.shape)}"
+            )
+    if query.size(-1) != key.size(-1):
+        raise ValueError(
+            f"query and key must have the same feature size d_k: query has {query.size(-1)} "
+            f"(shape {tuple(query.shape)}), key has {key.size(-1)} (shape {tuple(key.shape)})"
+        )
+    if key.size(-2) != value.size(-2):
+        raise ValueError(
+            f"key and value must have the same length T_k: key has {key.size(-2)} "
+            f"(shape {tuple(key.shape)}), value has {value.size(-2)} (shape {tuple(value.shape)})"
+        )
+    try:
+        return torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading (batch) dims do not broadcast: query {tuple(query.shape)}, "
+            f"key {tuple(key.shape)}, value {tuple(value.shape)}"
+        ) from None
+
+
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Numerically stable softmax, written from scratch.
 
@@ -175,34 +202,11 @@ def scaled_dot_product_attention(
 
     Taught in chapters 2-6 (scores, scaling, masks, dropout).
     """
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        _require_float(name, tensor)
-        if tensor.dim() < 2:
-            raise ValueError(
-                f"{name} must have at least 2 dims (..., T, d), got shape {tuple(tensor.shape)}"
-            )
-    if query.size(-1) != key.size(-1):
-        raise ValueError(
-            f"query and key must have the same feature size d_k: query has {query.size(-1)} "
-            f"(shape {tuple(query.shape)}), key has {key.size(-1)} (shape {tuple(key.shape)})"
-        )
-    if key.size(-2) != value.size(-2):
-        raise ValueError(
-            f"key and value must have the same length T_k: key has {key.size(-2)} "
-            f"(shape {tuple(key.shape)}), value has {value.size(-2)} (shape {tuple(value.shape)})"
-        )
+    _check_qkv(query, key, value)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
-    try:
-        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"the leading (batch) dims do not broadcast: query {tuple(query.shape)}, "
-            f"key {tuple(key.shape)}, value {tuple(value.shape)}"
-        ) from None
-
     d_k = query.size(-1)
     if scale is None:
         scale = 1.0 / math.sqrt(d_k)

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .attention import _require_float
+from .attention import _check_qkv, _require_float
 
 __all__ = ["online_softmax_update", "online_softmax", "tile_plan", "tiled_attention"]
 
@@ -206,30 +206,8 @@ def tiled_attention(
 
     Taught in chapter 10.
     """
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        _require_float(name, tensor)
-        if tensor.dim() < 2:
-            raise ValueError(
-                f"{name} must have at least 2 dims (..., T, d), got shape {tuple(tensor.shape)}"
-            )
     _check_block_size(block_size)
-    if query.size(-1) != key.size(-1):
-        raise ValueError(
-            f"query and key must have the same feature size d_k: query has {query.size(-1)} "
-            f"(shape {tuple(query.shape)}), key has {key.size(-1)} (shape {tuple(key.shape)})"
-        )
-    if key.size(-2) != value.size(-2):
-        raise ValueError(
-            f"key and value must have the same length T_k: key has {key.size(-2)} "
-            f"(shape {tuple(key.shape)}), value has {value.size(-2)} (shape {tuple(value.shape)})"
-        )
-    try:
-        lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"the leading (batch) dims do not broadcast: query {tuple(query.shape)}, "
-            f"key {tuple(key.shape)}, value {tuple(value.shape)}"
-        ) from None
+    lead = _check_qkv(query, key, value)
 
     num_queries, d_k = query.shape[-2:]
     num_keys, d_v = value.shape[-2:]
