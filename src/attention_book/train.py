@@ -42,7 +42,7 @@ def sinusoidal_positional_encoding(context_length: int, d_model: int) -> torch.T
     Returns:
         A float tensor, one row per position.
 
-    Taught in chapter 9.
+    Taught in chapter 1; used in chapter 9.
     """
     for name, value in (("context_length", context_length), ("d_model", d_model)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -21,8 +21,8 @@ def check_row_normalise(fn) -> None:
     hint = (
         "divide x by x.sum(dim=-1, keepdim=True); keepdim keeps the shape (4, 1) so it broadcasts"
     )
-    expect_close("the normalised rows", call(fn, x), expected, hint=hint)
+    expect_close("the normalised matrix", call(fn, x), expected, hint=hint)
     scores = torch.log(x)
-    expect_close("the normalised rows of exp(scores)", call(fn, torch.exp(scores)),
+    expect_close("the normalised matrix exp(scores)", call(fn, torch.exp(scores)),
                  softmax(scores), hint=hint)
     passed("every row is divided by its own sum, so each row sums to 1.")
