@@ -24,6 +24,13 @@ def _require_float(name: str, tensor: torch.Tensor) -> None:
         )
 
 
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def _check_mask(mask: torch.Tensor, scores_shape: torch.Size) -> None:
     """Raise unless ``mask`` is boolean and broadcasts to ``scores_shape`` unchanged."""
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:

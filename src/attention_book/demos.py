@@ -17,17 +17,15 @@ from __future__ import annotations
 import html
 import json
 import math
-import re
 from collections.abc import Sequence
 
 import torch
 from IPython.display import HTML
 
+from ._ids import _check_element_id
 from .attention import softmax
 
 __all__ = ["temperature_demo", "mask_editor_demo", "query_picker_demo"]
-
-_ID_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 # Black text stays readable (contrast > 4.5) on every shade between white and
 # this sky blue, one of the Okabe-Ito colour-blind-safe colours.
@@ -52,14 +50,6 @@ _STYLE = """<style>
 .ab-demo button.ab-mask-cell[aria-pressed="false"] { background: #ffffff; }
 .ab-demo .ab-note { margin: 0.4rem 0 0; color: #24292f; }
 </style>"""
-
-
-def _check_element_id(element_id: str) -> None:
-    if not isinstance(element_id, str) or not _ID_PATTERN.match(element_id):
-        raise ValueError(
-            "element_id must start with a letter and hold only letters, digits, '-' and '_', "
-            f"got {element_id!r}"
-        )
 
 
 def _as_float_tensor(name: str, values, dims: int) -> torch.Tensor:

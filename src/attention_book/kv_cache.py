@@ -14,16 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from .attention import _require_float
+from .attention import _check_positive_int, _require_float
 
 __all__ = ["KVCache", "kv_cache_bytes"]
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 class KVCache:

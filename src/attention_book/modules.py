@@ -11,7 +11,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import _check_mask, _require_float, causal_mask, scaled_dot_product_attention
+from .attention import (
+    _check_mask,
+    _check_positive_int,
+    _require_float,
+    causal_mask,
+    scaled_dot_product_attention,
+)
 from .kv_cache import KVCache
 
 __all__ = [
@@ -21,13 +27,6 @@ __all__ = [
     "MultiHeadAttention",
     "GroupedQueryAttention",
 ]
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def _check_dropout(dropout: object) -> None:

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
+from ._ids import _check_element_id
+
 __all__ = ["plot_attention", "plot_heads", "head_view", "model_view"]
 
-_ELEMENT_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _BERTVIZ_ID = re.compile(r"bertviz-[0-9a-f]{32}")
 
 
@@ -214,11 +215,8 @@ def _fixed_ids(html: str, element_id: str | None, kind: str, layers, tokens) -> 
         for layer in layers:
             digest.update(layer.numpy().tobytes())
         element_id = f"{kind}-{digest.hexdigest()[:12]}"
-    elif not isinstance(element_id, str) or not _ELEMENT_ID.match(element_id):
-        raise ValueError(
-            f"element_id must start with a letter and hold only letters, digits, '-' and '_', "
-            f"got {element_id!r}"
-        )
+    else:
+        _check_element_id(element_id)
     if len(set(_BERTVIZ_ID.findall(html))) != 1:
         raise RuntimeError("unexpected bertviz output: could not find its one element id")
     # Keep bertviz's own prefix, so a page can still find every bertviz view by its id.
