@@ -35,10 +35,12 @@ test: $(STAMP) $(NODE_STAMP)
 lab: $(STAMP)
 	$(BIN)/jupyter lab chapters/
 
-## execute: re-run every chapter (or NB=chapters/03_x.ipynb) and store its outputs
+## execute: re-run every chapter (or NB=chapters/03_x.ipynb) and store its outputs, in the
+## pinned numeric environment of tools/numerics/pinned.env (the test command uses the same,
+## through conftest.py)
 NB ?= chapters/*.ipynb
 execute: $(STAMP)
-	for nb in $(NB); do $(BIN)/jupyter execute --inplace $$nb || exit 1; done
+	for nb in $(NB); do tools/with_numerics pinned $(BIN)/jupyter execute --inplace $$nb || exit 1; done
 
 ## assignments: nbgrader student versions of every chapter into build/classroom/release
 .PHONY: assignments

@@ -62,6 +62,8 @@ class SelfAttention(nn.Module):
         d_in: size of each input token vector.
         d_out: size of the queries, keys, values and of the output.
         qkv_bias: give the three projections a bias.
+        device: where to create the parameters (as for ``nn.Linear``).
+        dtype: the parameters' floating dtype (as for ``nn.Linear``).
 
     Shapes:
         x ``(..., T, d_in)`` -> output ``(..., T, d_out)``, weights ``(..., T, T)``;
@@ -74,15 +76,17 @@ class SelfAttention(nn.Module):
     Taught in chapter 3.
     """
 
-    def __init__(self, d_in: int, d_out: int, qkv_bias: bool = False):
+    def __init__(self, d_in: int, d_out: int, qkv_bias: bool = False, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         _check_positive_int("d_in", d_in)
         _check_positive_int("d_out", d_out)
         self.d_in = d_in
         self.d_out = d_out
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        factory = {"device": device, "dtype": dtype}
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias, **factory)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias, **factory)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias, **factory)
 
     def _allowed(self, num_tokens: int, mask: torch.Tensor | None) -> torch.Tensor | None:
         return mask
@@ -118,6 +122,8 @@ class CausalSelfAttention(SelfAttention):
         context_length: the longest sequence the layer accepts.
         dropout: probability of zeroing an attention weight in training.
         qkv_bias: give the three projections a bias.
+        device: where to create the parameters and the mask buffer.
+        dtype: the parameters' floating dtype.
 
     Shapes:
         x ``(..., T, d_in)`` with ``T <= context_length`` -> output ``(..., T, d_out)``,
@@ -136,13 +142,16 @@ class CausalSelfAttention(SelfAttention):
         context_length: int,
         dropout: float = 0.0,
         qkv_bias: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
-        super().__init__(d_in, d_out, qkv_bias)
+        super().__init__(d_in, d_out, qkv_bias, device=device, dtype=dtype)
         _check_positive_int("context_length", context_length)
         _check_dropout(dropout)
         self.context_length = context_length
         self.dropout_p = float(dropout)
-        self.register_buffer("mask", causal_mask(context_length), persistent=False)
+        self.register_buffer("mask", causal_mask(context_length, device=device), persistent=False)
 
     def _allowed(self, num_tokens: int, mask: torch.Tensor | None) -> torch.Tensor:
         causal = self.mask[:num_tokens, :num_tokens]  # (T, T)
@@ -162,6 +171,8 @@ class MultiHeadAttentionWrapper(nn.Module):
         dropout: dropout probability on each head's weights.
         num_heads: number of heads.
         qkv_bias: give the projections a bias.
+        device: where to create the parameters.
+        dtype: the parameters' floating dtype.
 
     Shapes:
         x ``(..., T, d_in)`` -> output ``(..., T, num_heads * d_out)``,
@@ -181,11 +192,15 @@ class MultiHeadAttentionWrapper(nn.Module):
         dropout: float,
         num_heads: int,
         qkv_bias: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
         super().__init__()
         _check_positive_int("num_heads", num_heads)
         self.heads = nn.ModuleList(
-            CausalSelfAttention(d_in, d_out, context_length, dropout, qkv_bias)
+            CausalSelfAttention(d_in, d_out, context_length, dropout, qkv_bias,
+                                device=device, dtype=dtype)
             for _ in range(num_heads)
         )
 
@@ -212,6 +227,8 @@ class _HeadedAttention(nn.Module):
         qkv_bias: bool,
         causal: bool,
         backend: str,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
     ):
         super().__init__()
         _check_positive_int("d_in", d_in)
@@ -239,12 +256,14 @@ class _HeadedAttention(nn.Module):
         self.causal = causal
         self.backend = backend
         kv_dim = num_kv_heads * self.head_dim
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, kv_dim, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, kv_dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
+        factory = {"device": device, "dtype": dtype}
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias, **factory)
+        self.W_key = nn.Linear(d_in, kv_dim, bias=qkv_bias, **factory)
+        self.W_value = nn.Linear(d_in, kv_dim, bias=qkv_bias, **factory)
+        self.out_proj = nn.Linear(d_out, d_out, **factory)
         if causal and context_length is not None:
-            self.register_buffer("mask", causal_mask(context_length), persistent=False)
+            self.register_buffer("mask", causal_mask(context_length, device=device),
+                                 persistent=False)
 
     def _split_heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
         *lead, num_tokens, _ = x.shape
@@ -353,6 +372,8 @@ class MultiHeadAttention(_HeadedAttention):
         backend: ``"naive"`` (the book's own attention, returns weights) or
             ``"sdpa"`` (``torch.nn.functional.scaled_dot_product_attention``,
             the same numbers from a fused kernel).
+        device: where to create the parameters and the mask buffer.
+        dtype: the parameters' floating dtype.
 
     Shapes:
         x ``(..., T, d_in)`` -> output ``(..., T, d_out)``, weights
@@ -376,9 +397,13 @@ class MultiHeadAttention(_HeadedAttention):
         qkv_bias: bool = False,
         causal: bool = True,
         backend: str = "naive",
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
         super().__init__(
-            d_in, d_out, num_heads, num_heads, context_length, dropout, qkv_bias, causal, backend
+            d_in, d_out, num_heads, num_heads, context_length, dropout, qkv_bias, causal, backend,
+            device, dtype,
         )
 
 
@@ -399,6 +424,8 @@ class GroupedQueryAttention(_HeadedAttention):
         qkv_bias: give the Q, K, V projections a bias.
         causal: apply the causal mask.
         backend: ``"naive"`` or ``"sdpa"``, as in :class:`MultiHeadAttention`.
+        device: where to create the parameters and the mask buffer.
+        dtype: the parameters' floating dtype.
 
     Shapes:
         x ``(..., T, d_in)`` -> output ``(..., T, d_out)``; ``W_key`` and
@@ -422,7 +449,11 @@ class GroupedQueryAttention(_HeadedAttention):
         qkv_bias: bool = False,
         causal: bool = True,
         backend: str = "naive",
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
         super().__init__(
-            d_in, d_out, num_heads, num_kv_heads, context_length, dropout, qkv_bias, causal, backend
+            d_in, d_out, num_heads, num_kv_heads, context_length, dropout, qkv_bias, causal, backend,
+            device, dtype,
         )

@@ -13,6 +13,8 @@ import hashlib
 import os
 from pathlib import Path
 
+import torch
+
 __all__ = [
     "PACKAGED_MODEL",
     "PACKAGED_WEIGHTS_SHA256",
@@ -127,7 +129,8 @@ def _quiet_loading():
 
 
 def load_pretrained(name_or_path: str | Path | None = None, *,
-                    expected_sha256: str | None = PACKAGED_WEIGHTS_SHA256):
+                    expected_sha256: str | None = PACKAGED_WEIGHTS_SHA256,
+                    dtype=None):
     """Load a tokenizer and a model that returns its attention weights.
 
     With no name, loads the copy of all-MiniLM-L6-v2 packaged in
@@ -142,6 +145,10 @@ def load_pretrained(name_or_path: str | Path | None = None, *,
     Args:
         name_or_path: None (the packaged model), a directory, or a hub name.
         expected_sha256: SHA-256 that ``model.safetensors`` must have, or None.
+        dtype: a floating dtype to convert the weights to after loading, or None to keep
+            the file's float32. Chapter 8 runs the model in ``torch.float64``: the float32
+            weights convert exactly, and the attention weights it prints then come out the
+            same to the last printed digit on every CPU.
 
     Returns:
         ``(tokenizer, model)``; the model is in evaluation mode. Call it with
@@ -175,5 +182,9 @@ def load_pretrained(name_or_path: str | Path | None = None, *,
 
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModel.from_pretrained(source, attn_implementation="eager")
+    if dtype is not None:
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        model = model.to(dtype)
     model.eval()
     return tokenizer, model

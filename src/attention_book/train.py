@@ -26,7 +26,8 @@ __all__ = [
 ]
 
 
-def sinusoidal_positional_encoding(context_length: int, d_model: int) -> torch.Tensor:
+def sinusoidal_positional_encoding(context_length: int, d_model: int, *,
+                                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The fixed sine/cosine positional encoding of Vaswani et al. (2017).
 
     Position ``pos`` gets ``sin(pos / 10000^(2i/d_model))`` in feature ``2i`` and
@@ -35,6 +36,7 @@ def sinusoidal_positional_encoding(context_length: int, d_model: int) -> torch.T
     Args:
         context_length: number of positions.
         d_model: size of each position vector; must be even.
+        dtype: the floating dtype the encoding is computed in.
 
     Shapes:
         returns ``(context_length, d_model)``.
@@ -49,11 +51,11 @@ def sinusoidal_positional_encoding(context_length: int, d_model: int) -> torch.T
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if d_model % 2:
         raise ValueError(f"d_model ({d_model}) must be even: features come in sin/cos pairs")
-    positions = torch.arange(context_length, dtype=torch.float32).unsqueeze(1)  # (T, 1)
+    positions = torch.arange(context_length, dtype=dtype).unsqueeze(1)  # (T, 1)
     frequencies = torch.exp(
-        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+        torch.arange(0, d_model, 2, dtype=dtype) * (-math.log(10000.0) / d_model)
     )  # (d_model / 2,)
-    encoding = torch.zeros(context_length, d_model)  # (T, d_model)
+    encoding = torch.zeros(context_length, d_model, dtype=dtype)  # (T, d_model)
     encoding[:, 0::2] = torch.sin(positions * frequencies)
     encoding[:, 1::2] = torch.cos(positions * frequencies)
     return encoding
@@ -85,6 +87,9 @@ class AttentionClassifier(nn.Module):
         d_model: embedding size and attention width.
         num_heads: attention heads; must divide ``d_model``.
         context_length: the longest sentence accepted.
+        dtype: the floating dtype of the parameters (chapter 9 trains in ``torch.float64``,
+            so that its numbers are the same on every CPU).
+        device: where to create the parameters.
 
     Shapes:
         token_ids ``(B, T)``, lengths ``(B,)``, word_index ``(B,)`` -> logits
@@ -97,17 +102,20 @@ class AttentionClassifier(nn.Module):
     """
 
     def __init__(self, vocab_size: int, num_classes: int, d_model: int = 32,
-                 num_heads: int = 4, context_length: int = 16):
+                 num_heads: int = 4, context_length: int = 16, *,
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None):
         super().__init__()
+        factory = {"device": device, "dtype": dtype}
         self.context_length = context_length
-        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=0)
-        self.register_buffer(
-            "positions", sinusoidal_positional_encoding(context_length, d_model), persistent=False
-        )
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=0, **factory)
+        encoding = sinusoidal_positional_encoding(
+            context_length, d_model, dtype=dtype or torch.get_default_dtype()
+        )  # (context_length, d_model)
+        self.register_buffer("positions", encoding.to(device), persistent=False)
         self.attention = MultiHeadAttention(
-            d_model, d_model, num_heads, context_length=context_length, causal=False
+            d_model, d_model, num_heads, context_length=context_length, causal=False, **factory
         )
-        self.head = nn.Linear(d_model, num_classes)
+        self.head = nn.Linear(d_model, num_classes, **factory)
 
     def forward(self, token_ids: torch.Tensor, lengths: torch.Tensor, word_index: torch.Tensor,
                 return_weights: bool = False):
@@ -117,7 +125,7 @@ class AttentionClassifier(nn.Module):
         mask = padding_mask(lengths, num_tokens)  # (B, 1, 1, T)
         context, attn_weights = self.attention(x, mask, return_weights=True)
         # context (B, T, d_model), attn_weights (B, num_heads, T, T)
-        rows = torch.arange(token_ids.size(0))
+        rows = torch.arange(token_ids.size(0), device=token_ids.device)
         context_vec = context[rows, word_index]  # (B, d_model)
         logits = self.head(context_vec)  # (B, num_classes)
         return (logits, attn_weights) if return_weights else logits
@@ -134,6 +142,8 @@ class AveragingClassifier(nn.Module):
         num_classes: number of labels.
         d_model: embedding size.
         context_length: the longest sentence accepted.
+        dtype: the floating dtype of the parameters.
+        device: where to create the parameters.
 
     Shapes:
         token_ids ``(B, T)``, lengths ``(B,)``, word_index ``(B,)`` -> logits
@@ -146,20 +156,22 @@ class AveragingClassifier(nn.Module):
     """
 
     def __init__(self, vocab_size: int, num_classes: int, d_model: int = 32,
-                 context_length: int = 16):
+                 context_length: int = 16, *,
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None):
         super().__init__()
+        factory = {"device": device, "dtype": dtype}
         self.context_length = context_length
-        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=0)
-        self.head = nn.Linear(d_model, num_classes)
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=0, **factory)
+        self.head = nn.Linear(d_model, num_classes, **factory)
 
     def forward(self, token_ids: torch.Tensor, lengths: torch.Tensor, word_index: torch.Tensor,
                 return_weights: bool = False):
         _check_batch(token_ids, lengths, word_index, self.context_length)
         batch, num_tokens = token_ids.shape
-        real = padding_mask(lengths, num_tokens).float()  # (B, 1, 1, T)
+        x = self.embedding(token_ids)  # (B, T, d_model)
+        real = padding_mask(lengths, num_tokens).to(x.dtype)  # (B, 1, 1, T)
         uniform = real / lengths.view(batch, 1, 1, 1)  # (B, 1, 1, T)
         attn_weights = uniform.expand(batch, 1, num_tokens, num_tokens)  # (B, 1, T, T)
-        x = self.embedding(token_ids)  # (B, T, d_model)
         context_vec = (attn_weights[:, 0, 0, :, None] * x).sum(dim=1)  # (B, d_model)
         logits = self.head(context_vec)  # (B, num_classes)
         return (logits, attn_weights) if return_weights else logits
@@ -231,6 +243,11 @@ def train_classifier(
 ) -> dict[str, list[float]]:
     """Train a classifier with Adam and cross-entropy; deterministic under ``seed``.
 
+    The learning rate starts at ``lr`` and falls linearly to 0 at the last step. The
+    decay is what makes the result reproducible across machines: with a constant rate,
+    Adam keeps moving the weights after the loss has settled, and the last-bit rounding
+    differences between CPUs grow into visible differences (chapter 9 measures this).
+
     Before the first epoch and after each one, records the training loss, the
     validation accuracy and, for a model that returns weights, the mean
     attention from the ambiguous word to its deciding word and to the distractor.
@@ -241,7 +258,7 @@ def train_classifier(
         val_data: the same, for validation.
         epochs: passes over the training data.
         batch_size: examples per step.
-        lr: Adam's learning rate.
+        lr: Adam's starting learning rate, decayed linearly to 0.
         seed: seeds the batch order.
         progress: show a tqdm progress bar (a widget in a notebook); the
             book's tests pass ``False`` so that nothing timing-dependent is printed.
@@ -276,8 +293,10 @@ def train_classifier(
 def _train(model, train_data, val_data, epochs, batch_size, lr, seed, bar):
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
     num_examples = train_data["targets"].numel()
+    total_steps = epochs * math.ceil(num_examples / batch_size)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / total_steps)
+    loss_fn = nn.CrossEntropyLoss()
     history: dict[str, list[float]] = {
         "train_loss": [], "val_accuracy": [], "cue_weight": [], "distractor_weight": []
     }
@@ -303,6 +322,7 @@ def _train(model, train_data, val_data, epochs, batch_size, lr, seed, bar):
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            schedule.step()
             total_loss += loss.item() * rows.numel()
         record(total_loss / num_examples)
         bar.set_postfix_str(f"validation accuracy {history['val_accuracy'][-1]:.1%}")

@@ -15,7 +15,7 @@ def _matches(actual: torch.Tensor, candidate: torch.Tensor) -> bool:
     return (
         isinstance(actual, torch.Tensor)
         and actual.shape == candidate.shape
-        and torch.allclose(actual.detach().float(), candidate, atol=1e-5, rtol=1e-4)
+        and torch.allclose(actual.detach().to(candidate.dtype), candidate, atol=1e-5, rtol=1e-4)
     )
 
 

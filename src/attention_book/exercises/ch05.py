@@ -30,7 +30,7 @@ def _same(actual: object, candidate: torch.Tensor) -> bool:
     if candidate.dtype == torch.bool:
         return actual.dtype == torch.bool and bool(torch.equal(actual, candidate))
     # NaN counts as 0, so a mistake is named even when the answer also has NaN rows.
-    actual = torch.nan_to_num(actual.detach().float(), nan=0.0)
+    actual = torch.nan_to_num(actual.detach().to(candidate.dtype), nan=0.0)
     return torch.allclose(actual, candidate, atol=1e-5)
 
 

@@ -37,7 +37,7 @@ def check_split_heads(fn) -> None:
         actual = call(fn, x.clone(), num_heads)
         expect_shape(f"split_heads(x, {num_heads}) for x of shape {tuple(x.shape)}", actual,
                      expected.shape, hint=hint)
-        if torch.equal(actual.detach().float(),
+        if torch.equal(actual.detach().to(x.dtype),
                        x.reshape(batch, num_heads, num_tokens, head_dim)):
             fail("each head holds the features of the right token",
                  expected="head h, token t = x[b, t, h*head_dim:(h+1)*head_dim]",
@@ -63,7 +63,7 @@ def check_merge_heads(fn) -> None:
         actual = call(fn, context.clone())
         expect_shape(f"merge_heads(context) for context of shape {tuple(context.shape)}",
                      actual, expected.shape, hint=hint)
-        if torch.equal(actual.detach().float(),
+        if torch.equal(actual.detach().to(context.dtype),
                        context.reshape(batch, num_tokens, num_heads * head_dim)):
             fail("each output row is one token's heads side by side",
                  expected="row t = [head 0 of token t, head 1 of token t, ...]",
@@ -145,7 +145,7 @@ def check_expand_kv(fn) -> None:
         what = f"expand_kv(kv, {num_heads}) for kv of shape {tuple(kv.shape)}"
         expect_shape(what, actual, expected.shape, hint=hint)
         if group_size > 1 and num_kv_heads > 1 and torch.equal(
-            actual.detach().float(), kv.repeat(1, group_size, 1, 1)
+            actual.detach().to(kv.dtype), kv.repeat(1, group_size, 1, 1)
         ):
             order = [h % num_kv_heads for h in range(num_heads)]
             fail("consecutive query heads share a key/value head",

@@ -67,7 +67,7 @@ def check_previous_token_score(fn) -> None:
     actual = call(fn, weights.clone())
     expect_shape("the scores", actual, expected.shape, hint="one score per head: shape (num_heads,)")
     above = torch.diagonal(weights, offset=1, dim1=-2, dim2=-1).mean(dim=-1)
-    if torch.allclose(actual.detach().float(), above):
+    if torch.allclose(actual.detach().to(above.dtype), above):
         fail("the score uses the *previous* token (below the diagonal)",
              expected="weights[h, t, t - 1]", actual="weights[h, t, t + 1] (the next token)",
              hint="use offset=-1, not offset=1")
@@ -99,11 +99,11 @@ def check_weights_from_projections(fn) -> None:
     expected = torch.softmax(scores / math.sqrt(head_dim), dim=-1)
     actual = call(fn, queries.clone(), keys.clone(), num_heads)
     expect_shape("the weights", actual, expected.shape, hint=hint)
-    if torch.allclose(actual.detach().float(), torch.softmax(scores / math.sqrt(num_heads
+    if torch.allclose(actual.detach().to(scores.dtype), torch.softmax(scores / math.sqrt(num_heads
                                                                                   * head_dim), -1)):
         fail("the scores are scaled by 1/sqrt(head_dim)", expected="1/sqrt(head_dim) = 1/2",
              actual="1/sqrt(d_out)", hint="each head's dot products have head_dim terms")
-    if torch.allclose(actual.detach().float(), torch.softmax(scores, -1)):
+    if torch.allclose(actual.detach().to(scores.dtype), torch.softmax(scores, -1)):
         fail("the scores are scaled", expected="scores / sqrt(head_dim)", actual="no scaling",
              hint=hint)
     expect_close("the weights", actual, expected, hint=hint)

@@ -22,7 +22,7 @@ def check_mean_pool(fn) -> None:
     expected = torch.stack([x[row, :length].mean(dim=0) for row, length in enumerate(lengths)])
     actual = call(fn, x.clone(), lengths.clone())
     expect_shape("the pooled vectors", actual, expected.shape, hint="one vector per sentence")
-    if torch.allclose(actual.detach().float(), x.mean(dim=1)):
+    if torch.allclose(actual.detach().to(x.dtype), x.mean(dim=1)):
         fail("padding is left out of the average", expected="the mean over the first "
              "lengths[b] tokens", actual="the mean over all T positions, padding included",
              hint=hint)
@@ -67,7 +67,7 @@ def check_attention_to_cue(fn) -> None:
     expect_shape("the weights to the cue", actual, expected.shape,
                  hint="one weight per sentence and head: (B, num_heads)")
     swapped = torch.stack([weights[b, :, cue_index[b], word_index[b]] for b in range(3)])
-    if torch.allclose(actual.detach().float(), swapped):
+    if torch.allclose(actual.detach().to(swapped.dtype), swapped):
         fail("the weight goes *from* the word *to* the cue", expected="weights[b, h, word, cue]",
              actual="weights[b, h, cue, word] (from the cue to the word)",
              hint="rows are queries (the word attending), columns are keys (the cue)")
