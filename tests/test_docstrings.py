@@ -20,7 +20,8 @@ TENSOR_MODULES = {"attention", "modules", "flash", "kv_cache"}
 def _public_objects():
     for info in pkgutil.iter_modules(attention_book.__path__):
         # benchmark and classroom are tools for maintainers and instructors, not taught code.
-        if info.name.startswith("_") or info.ispkg or info.name in ("benchmark", "classroom"):
+        # A package (diagnose) is checked through the __all__ of its __init__.
+        if info.name.startswith("_") or info.name in ("benchmark", "classroom"):
             continue
         module = importlib.import_module(f"attention_book.{info.name}")
         for name in getattr(module, "__all__", []):
