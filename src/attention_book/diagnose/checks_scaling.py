@@ -56,15 +56,15 @@ def check_scale(ctx: DiagnosisContext) -> str:
     shown = f"{implied:.0f}" if abs(implied - round(implied)) < 1e-2 * implied else fmt(implied)
     if abs(fitted / expected - 1.0) < ctx.tol.scale:
         return f"fitted scale {fmt(fitted)} = 1/sqrt({shown}); head_dim = {head_dim}"
-    meaning = _name_size(ctx, round(implied), head_dim)
+    meaning = _name_size(ctx, implied, head_dim)
     raise Failed(
         f"fitted scale {fmt(fitted)} = 1/sqrt({shown}){meaning}; expected "
         f"1/sqrt(head_dim) = 1/sqrt({head_dim}) = {fmt(expected)}"
     )
 
 
-def _name_size(ctx: DiagnosisContext, size: int, head_dim: int) -> str:
-    """What a wrong ``size`` under the square root probably is, in words."""
+def _name_size(ctx: DiagnosisContext, implied: float, head_dim: int) -> str:
+    """What the size ``implied`` by a wrong scale probably is, in words."""
     names = {head_dim**2: "head_dim squared: divided by head_dim, not its sqrt"}
     if ctx.is_module:
         ref = ctx.reference()
@@ -74,7 +74,15 @@ def _name_size(ctx: DiagnosisContext, size: int, head_dim: int) -> str:
         q, k, _ = ctx.standard()[0]
         names.setdefault(k.numel(), f"the number of elements of key {tuple(k.shape)}")
         names.setdefault(k.shape[-2], "the number of keys")
-    return f" ({size} = {names[size]})" if size in names else ""
+    size = round(implied)
+    if size in names:
+        return f" ({size} = {names[size]})"
+    # In low precision the fitted scale, and so the implied size, is only near the true one.
+    near = [n for n in names if abs(n - implied) <= 2 * ctx.tol.scale * implied]
+    if not near:
+        return ""
+    nearest = min(near, key=lambda n: abs(n - implied))
+    return f" ({size} ~ {nearest} = {names[nearest]})"
 
 
 def _rows_sum_to_one(weights: torch.Tensor, where: str, tol: float) -> str:

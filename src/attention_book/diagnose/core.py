@@ -130,7 +130,9 @@ def _forked_rng(device: torch.device):
     if device.type == "cpu":
         return torch.random.fork_rng(devices=[])
     module = torch.get_device_module(device.type)
-    index = device.index if device.index is not None else module.current_device()
+    index = device.index
+    if index is None:  # "cuda" means the current device; MPS has only one
+        index = module.current_device() if hasattr(module, "current_device") else 0
     return torch.random.fork_rng(devices=[index], device_type=device.type)
 
 

@@ -38,21 +38,23 @@ class Tolerances:
     scale: float
 
 
-# float32 holds the values the checks were designed with (chapter 11 prints them);
-# float64 is tighter; float16 and bfloat16 round every intermediate result to 11 and 8
-# significant bits (eps 1e-3 and 8e-3), so their tolerances are a few eps of an order-1
-# output. ``fit`` and ``scale`` stay loose enough for the scale search, whose grid is
-# finer than 1e-6; every bug the checks look for moves the output by 0.1 or more and
-# the scale by a factor of sqrt(2) or more.
+# float32 holds the values the checks were designed with (chapter 11 prints them); float64
+# is tighter. float16 and bfloat16 round every intermediate result to 11 and 8 significant
+# bits (eps 1e-3 and 8e-3); their values sit, on a log scale, between the rounding that
+# healthy layers show and the smallest effect of a zoo bug (measured for the book's
+# layers and the zoo, scaling each tolerance from 1/100 to 30 times). In bfloat16, for
+# example, a healthy layer's fitted scale is off by up to 1.5% and the mildest scale
+# bug (sqrt(d_out) for sqrt(head_dim), 2 heads) by 29%; "unchanged" outputs are bitwise
+# unchanged while a real effect moves an output by 0.5 or more.
 TOLERANCES: dict[torch.dtype, Tolerances] = {
     torch.float64: Tolerances(atol=1e-10, reference=1e-9, fit=1e-6, weights_sum=1e-9,
                               value_shift=1e-8, scale=1e-3),
     torch.float32: Tolerances(atol=1e-5, reference=1e-4, fit=1e-4, weights_sum=1e-4,
                               value_shift=1e-3, scale=1e-3),
-    torch.float16: Tolerances(atol=1e-2, reference=2e-2, fit=2e-2, weights_sum=1e-2,
+    torch.float16: Tolerances(atol=5e-3, reference=1e-2, fit=2e-2, weights_sum=1e-2,
                               value_shift=5e-2, scale=2e-2),
-    torch.bfloat16: Tolerances(atol=5e-2, reference=1e-1, fit=1e-1, weights_sum=5e-2,
-                               value_shift=2e-1, scale=5e-2),
+    torch.bfloat16: Tolerances(atol=2e-2, reference=5e-2, fit=3e-2, weights_sum=5e-2,
+                               value_shift=2e-1, scale=1e-1),
 }
 
 
