@@ -9,7 +9,9 @@ the layers in :mod:`attention_book.modules`.
 
 The functions follow the book's functional convention
 ``(query, key, value, mask=None) -> (output, weights)`` with a boolean mask,
-True = may attend; the modules follow ``forward(x) -> output``.
+True = may attend; the modules follow ``forward(x) -> output``. Every specimen
+runs on the device and in the dtype of its inputs (or of its parameters): no
+constant inside a forward pass is tied to the CPU or to float32.
 
 Taught in chapter 11.
 """
@@ -193,8 +195,37 @@ def attention_zeroed_after_softmax(query, key, value, mask=None):
     return attn_weights @ value, attn_weights  # (B, T_q, d_v), (B, T_q, T_k)
 
 
-#: The causal mask of a 5-token example, left in the notebook's namespace.
-EXAMPLE_MASK = causal_mask(5)
+class _FollowsDevice(torch.Tensor):
+    """A constant tensor that moves to the device of the tensors it is used with.
+
+    A plain CPU constant inside a forward pass breaks the code on any other
+    device; this one makes ``EXAMPLE_MASK`` behave as a mask left in the
+    notebook's namespace does on the device the notebook runs on, so that
+    ``attention_outer_mask`` shows its bug (the mask argument is ignored) on
+    every device instead of a device error.
+    """
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        others = [a for a in (*args, *kwargs.values())
+                  if isinstance(a, torch.Tensor) and not isinstance(a, cls)]
+        if not others:  # e.g. ~EXAMPLE_MASK: stays a device-following constant
+            return super().__torch_function__(func, types, args, kwargs)
+        device = others[0].device
+        with torch._C.DisableTorchFunctionSubclass():
+
+            def place(a):
+                return a.as_subclass(torch.Tensor).to(device) if isinstance(a, cls) else a
+
+            args = tuple(place(a) for a in args)
+            kwargs = {name: place(a) for name, a in kwargs.items()}
+            return func(*args, **kwargs)
+
+
+#: The causal mask of a 5-token example, left in the notebook's namespace. It follows
+#: the device of the scores it masks, so the bug below is the same on every device.
+EXAMPLE_MASK = causal_mask(5).as_subclass(_FollowsDevice)
 
 
 def attention_outer_mask(query, key, value, attn_mask=None):
