@@ -42,6 +42,11 @@ NB ?= chapters/*.ipynb
 execute: $(STAMP)
 	for nb in $(NB); do tools/with_numerics pinned $(BIN)/jupyter execute --inplace $$nb || exit 1; done
 
+## practice: regenerate practice/NN_name.ipynb (the self-learner's version of each chapter)
+.PHONY: practice
+practice: $(STAMP)
+	$(BIN)/python -m attention_book.classroom.practice
+
 ## assignments: nbgrader student versions of every chapter into build/classroom/release
 .PHONY: assignments
 assignments: $(STAMP)
