@@ -44,7 +44,7 @@ def test_a_wrong_shape_names_both_shapes(capsys):
 
 def test_nan_is_reported_with_its_place(capsys):
     assert check_row_normalise(lambda x: x * torch.nan) is False
-    assert "holds no NaN" in capsys.readouterr().out
+    assert "there is no NaN in" in capsys.readouterr().out
 
 
 def test_an_answer_the_checker_cannot_use_is_feedback_not_a_crash(capsys):

@@ -89,7 +89,8 @@ def call(fn: Callable, *args, prop: str = "your function runs without an error",
         ) from None
     except Exception as error:  # noqa: BLE001 - any error in learner code becomes feedback
         fail(prop, expected="no error", actual=f"{type(error).__name__}: {error}",
-             hint="run your function on a small input in a cell of its own and read the error")
+             hint="Run your function on a small input in a cell of its own and read the "
+                  "error message.")
 
 
 def expect_true(prop: str, condition: bool, *, expected: object, actual: object, hint: str) -> None:
@@ -122,7 +123,7 @@ def expect_close(
     actual = actual.detach().to(dtype=expected.dtype, device=expected.device)
     if torch.isnan(actual).any():
         where = tuple(torch.nonzero(torch.isnan(actual))[0].tolist())
-        fail(f"{name} holds no NaN", expected="finite values",
+        fail(f"there is no NaN in {name}", expected="finite values",
              actual=f"NaN, for example at index {where}", hint=hint)
     if not torch.allclose(actual, expected, atol=atol, rtol=rtol):
         gap = (actual - expected).abs()
