@@ -69,3 +69,17 @@ def test_bad_input():
         temperature_demo(torch.tensor([1, 2]), TOKENS[:2], element_id="a")
     with pytest.raises(ValueError, match="min_temperature"):
         temperature_demo(torch.zeros(2), TOKENS[:2], element_id="a", temperature=0.0)
+
+
+@pytest.mark.parametrize("demo", ["temperature", "query_picker"])
+def test_weight_columns_are_headed_weight_never_value(demo):
+    """In this book "value" means V: the numbers in a column of weights are headed "weight"."""
+    if demo == "temperature":
+        page = temperature_demo(torch.tensor([1.0, 0.0]), TOKENS[:2], element_id="h").data
+    else:
+        page = query_picker_demo(torch.eye(2), TOKENS[:2], element_id="h").data
+    headers = re.findall(r'<th scope="col">([^<]*)</th>', page)
+    assert "value" not in headers
+    assert headers[-2:] == ["weight as a bar", "weight"]
+    numbers = re.findall(r'<td id="h-w-\d">([0-9.]+)</td></tr>', page)
+    assert len(numbers) == 2  # the last column of every row is the weight, as a number

@@ -31,6 +31,9 @@ __all__ = ["temperature_demo", "mask_editor_demo", "query_picker_demo"]
 # this sky blue, one of the Okabe-Ito colour-blind-safe colours.
 _CELL_RGB = (86, 180, 233)
 _BAR_COLOUR = "#0072B2"
+# The headers of a weight drawn as a bar and written as a number. Never "value": in this
+# book that word means V.
+_WEIGHT_HEADERS = '<th scope="col">weight as a bar</th><th scope="col">weight</th>'
 
 _STYLE = """<style>
 .ab-demo { font-family: system-ui, sans-serif; font-size: 0.9rem; margin: 0.5rem 0 1rem;
@@ -186,8 +189,7 @@ def temperature_demo(
         f'<output id="{element_id}-value" for="{slider}">{temperature:.2f}</output>'
         f'<div class="ab-demo-output" aria-live="polite"><table>'
         f'<caption>softmax(scores / τ) for each key</caption>'
-        f'<thead><tr><th scope="col">key</th><th scope="col">weight</th>'
-        f'<th scope="col">value</th></tr></thead><tbody>'
+        f'<thead><tr><th scope="col">key</th>{_WEIGHT_HEADERS}</tr></thead><tbody>'
         f"{_bars_rows(element_id, tokens, weights.tolist())}</tbody></table>"
         f'<p class="ab-note">Entropy of the weights: <span id="{element_id}-entropy">'
         f"{_entropy(weights):.3f}</span> nats (the uniform maximum is "
@@ -379,7 +381,7 @@ def query_picker_demo(
         f'<div class="ab-demo-output" aria-live="polite"><table>'
         f"<caption>Scores (query · key) and softmax weights</caption>"
         f'<thead><tr><th scope="col">key</th><th scope="col">score</th>'
-        f'<th scope="col">weight</th><th scope="col">value</th></tr></thead>'
+        f'{_WEIGHT_HEADERS}</tr></thead>'
         f"<tbody>{score_rows}</tbody></table>"
         f'<p class="ab-note">Context vector: <code id="{element_id}-context">{context_text}'
         f"</code></p></div></div>"
