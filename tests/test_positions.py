@@ -9,6 +9,7 @@ full forward pass (decoding with a cache) and ``torch.nn.MultiheadAttention`` (c
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -537,3 +538,66 @@ def test_cache_positions_reports_an_error_while_decoding():
     assert report.failed == ["cache_positions"]
     assert "RuntimeError: no room in my cache (decoding tokens 2..2 with a KVCache holding 2)" \
         in report["cache_positions"].evidence
+
+
+# ----------------------------------------------------------------------------- device and dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_positions_follow_the_device_and_dtype(device, dtype):
+    """On ``--device`` (the CPU by default, CUDA under make test-gpu), in three dtypes."""
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 5e-2}[dtype]
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 8)
+    positions = torch.tensor([0, 1, 2, 50, 51, 900])
+    out = rotary_embedding(x.to(device, dtype), positions.to(device))
+    assert out.device.type == device.type and out.dtype == dtype
+    torch.testing.assert_close(out.double().cpu(), rotary_embedding(x.double(), positions),
+                               rtol=tol, atol=tol)
+    bias = alibi_bias(4, 2, 5, device=device)
+    assert bias.device.type == device.type
+    torch.testing.assert_close(bias.cpu(), alibi_bias(4, 2, 5))
+
+    torch.manual_seed(0)
+    layer = GroupedQueryAttention(8, 8, 4, 2, context_length=8, rope=True).eval()
+    with torch.no_grad():
+        reference = copy.deepcopy(layer).double()(x[0].double())  # (3, 6, 8), on the CPU
+    layer = layer.to(device=device, dtype=dtype)
+    x_here = x[0].to(device, dtype)  # (3, 6, 8)
+    cache = KVCache(8)
+    with torch.no_grad():
+        steps = torch.cat([layer(x_here[:, t:t + 1], kv_cache=cache) for t in range(6)], dim=1)
+        full = layer(x_here)
+    assert steps.device.type == device.type and steps.dtype == dtype
+    torch.testing.assert_close(full.double().cpu(), reference, rtol=tol, atol=tol)
+    torch.testing.assert_close(steps.double().cpu(), reference, rtol=tol, atol=tol)
+
+    cross = MultiHeadAttention(8, 8, 2, causal=False).to(device=device, dtype=dtype).eval()
+    with torch.no_grad():
+        out = cross(x_here, padding_mask(torch.tensor([2, 1, 2], device=device), 2),
+                    context=x_here[:, :2])
+    assert out.device.type == device.type and out.dtype == dtype and out.shape == (3, 6, 8)
+
+
+@pytest.fixture
+def default_device_meta():
+    """Make torch's default device ``meta`` for the duration of a test."""
+    torch.set_default_device("meta")
+    yield
+    torch.set_default_device(None)
+
+
+def test_no_factory_in_the_positions_forgets_the_device(default_device_meta):
+    cpu = torch.device("cpu")
+    x = torch.ones(2, 5, 8, device=cpu)
+    assert rotary_embedding(x).device == cpu
+    assert rotary_embedding(x, [4, 5, 6, 7, 8], interleaved=True).device == cpu
+    assert alibi_bias(2, 3, device=cpu).device == cpu
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(8, 8, 2, context_length=6, rope=True, device=cpu).eval()
+    cross = GroupedQueryAttention(8, 8, 2, 1, causal=False, backend="sdpa", device=cpu).eval()
+    with torch.no_grad():
+        cache = KVCache(6)
+        for t in range(5):
+            assert layer(x[:, t:t + 1], kv_cache=cache).device == cpu
+        assert cross(x, context=x[:, :3]).device == cpu
