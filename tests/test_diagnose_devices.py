@@ -271,7 +271,7 @@ def test_a_new_family_is_one_registered_function(scratch_registry):
     seen = {}
 
     @register_check("toy_positions", property="a toy property", hint="a toy hint",
-                    order=1500, needs=("returns_output",))
+                    order=1600, needs=("returns_output",))
     def check_toy(ctx):
         inputs, out, _ = ctx.standard()
         seen["device"], seen["dtype"] = out.device, out.dtype

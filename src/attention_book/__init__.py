@@ -2,8 +2,9 @@
 
 The functional core (``softmax``, ``scaled_dot_product_attention``,
 ``causal_mask``, ``padding_mask``) is built in chapters 2-6 and the layers
-(``SelfAttention`` … ``GroupedQueryAttention``) in chapters 3-7; each chapter
-ends by asserting that this package equals the code it wrote.
+(``SelfAttention`` … ``GroupedQueryAttention``) in chapters 3-7; positions
+inside attention (``rotary_embedding``, ``alibi_bias``) in chapter 12; each
+chapter ends by asserting that this package equals the code it wrote.
 """
 
 from .attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
@@ -17,6 +18,7 @@ from .modules import (
     MultiHeadAttentionWrapper,
     SelfAttention,
 )
+from .positions import alibi_bias, alibi_slopes, rotary_embedding
 from .pretrained import load_pretrained
 from .viz import head_view, model_view, plot_attention, plot_heads
 
@@ -45,4 +47,7 @@ __all__ = [
     "head_view",
     "model_view",
     "load_pretrained",
+    "rotary_embedding",
+    "alibi_bias",
+    "alibi_slopes",
 ]

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import causal_mask, softmax
+from .modules import MultiHeadAttention
 
 __all__ = [
     "BUGS",
@@ -638,3 +639,42 @@ BUGS: dict[str, Bug] = {
             "NaN for a fully masked row", _function(attention_nan_on_fully_masked_rows)),
     ]
 }
+
+
+# ----------------------------------------------------------------------------
+# Chapter 12: positions inside attention (appended; registered in BUGS below).
+# ----------------------------------------------------------------------------
+
+
+class RotaryCacheRestartsPositions(MultiHeadAttention):
+    """Broken RoPE layer: while decoding, the new tokens' positions restart at 0.
+
+    The book's :class:`~attention_book.MultiHeadAttention` built with
+    ``rope=True``, with one method changed: the positions of the tokens of each
+    call are ``0 … T_new-1`` instead of continuing after the ``len(kv_cache)``
+    tokens already cached. The full forward pass (and the first call into an
+    empty cache) is right; every later decoding step rotates its query and key
+    as if the token were the first of the sequence.
+
+    Args:
+        as for :class:`~attention_book.MultiHeadAttention` (build it with ``rope=True``).
+
+    Shapes:
+        x ``(B, T, d_in)`` -> output ``(B, T, d_out)``.
+
+    Returns:
+        ``forward`` returns the output (or ``(output, weights)``), as the healthy layer.
+
+    Taught in chapter 12 (exposed by the ``cache_positions`` check).
+    """
+
+    def _rope_positions(self, num_tokens, kv_cache, device):
+        return torch.arange(num_tokens, device=device)  # BUG: ignores the len(kv_cache) cached tokens
+
+
+__all__.append("RotaryCacheRestartsPositions")
+BUGS["RotaryCacheRestartsPositions"] = Bug(
+    "RotaryCacheRestartsPositions", "cache_positions",
+    "RoPE positions restart at 0 at every decoding step",
+    _seeded(RotaryCacheRestartsPositions, 6, 8, 2, context_length=8, rope=True),
+)

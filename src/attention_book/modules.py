@@ -3,7 +3,10 @@
 Every layer names its projections ``W_query``, ``W_key`` and ``W_value`` and
 its ``forward(x, mask=None, return_weights=False)`` takes ``x`` of shape
 ``(..., T, d_in)``. ``mask`` is boolean with True = may attend and combines
-with the causal mask of the causal layers.
+with the causal mask of the causal layers. The headed layers also decode with
+a key/value cache (chapter 10), rotate their queries and keys with RoPE
+(``rope=True``) and attend to another sequence (``context=``, cross-attention),
+both from chapter 12.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .attention import (
     scaled_dot_product_attention,
 )
 from .kv_cache import KVCache
+from .positions import _check_base, rotary_embedding
 
 __all__ = [
     "SelfAttention",
@@ -230,6 +234,8 @@ class _HeadedAttention(nn.Module):
         backend: str,
         device: torch.device | str | None,
         dtype: torch.dtype | None,
+        rope: bool = False,
+        rope_base: float = 10000.0,
     ):
         super().__init__()
         _check_positive_int("d_in", d_in)
@@ -247,6 +253,14 @@ class _HeadedAttention(nn.Module):
             )
         if backend not in ("naive", "sdpa"):
             raise ValueError(f"backend must be 'naive' or 'sdpa', got {backend!r}")
+        if not isinstance(rope, bool):
+            raise TypeError(f"rope must be a bool, got {type(rope).__name__}")
+        rope_base = _check_base(rope_base)
+        if rope and (d_out // num_heads) % 2:
+            raise ValueError(
+                f"rope=True turns pairs of features, so head_dim = d_out // num_heads = "
+                f"{d_out} // {num_heads} = {d_out // num_heads} must be even"
+            )
         self.d_in = d_in
         self.d_out = d_out
         self.num_heads = num_heads
@@ -256,6 +270,8 @@ class _HeadedAttention(nn.Module):
         self.dropout_p = float(dropout)
         self.causal = causal
         self.backend = backend
+        self.rope = rope
+        self.rope_base = rope_base
         kv_dim = num_kv_heads * self.head_dim
         factory = {"device": device, "dtype": dtype}
         self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias, **factory)
@@ -310,6 +326,51 @@ class _HeadedAttention(nn.Module):
             is_causal=is_causal, enable_gqa=group_size > 1,
         )  # (..., num_heads, T, head_dim)
 
+    def _check_context(self, context: object, x: torch.Tensor, kv_cache: object) -> int:
+        """Validate a cross-attention ``context`` for the queries ``x``; return ``T_ctx``."""
+        if self.causal:
+            raise ValueError(
+                "a causal layer cannot attend to a context: the context is another sequence, "
+                "so no key lies 'in the future' of a query; build the cross-attention layer "
+                "with causal=False and pass a padding mask over the context instead"
+            )
+        if self.rope:
+            raise ValueError(
+                "rope=True rotates queries and keys by their positions in one sequence; the "
+                "context's positions do not share an origin with the queries', so build the "
+                "cross-attention layer with rope=False"
+            )
+        if kv_cache is not None:
+            raise ValueError(
+                "kv_cache holds the keys of earlier tokens of x; with a context the keys come "
+                "from the context, which is the same at every decoding step: pass it again "
+                "without a kv_cache"
+            )
+        _require_float("context", context)
+        if context.dim() < 2 or context.size(-1) != self.d_in:
+            raise ValueError(
+                f"context must have shape (..., T_ctx, d_in={self.d_in}), got shape "
+                f"{tuple(context.shape)}"
+            )
+        lead = x.shape[:-2]
+        try:
+            fits = torch.broadcast_shapes(lead, context.shape[:-2]) == lead
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"the leading (batch) dims of context {tuple(context.shape)} do not broadcast "
+                f"to those of x {tuple(x.shape)}"
+            )
+        return context.size(-2)
+
+    def _rope_positions(
+        self, num_tokens: int, kv_cache: KVCache | None, device: torch.device
+    ) -> torch.Tensor:
+        """The positions of the new tokens: they continue after the tokens already cached."""
+        start = 0 if kv_cache is None else len(kv_cache)
+        return torch.arange(start, start + num_tokens, device=device)  # (T,)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -317,17 +378,29 @@ class _HeadedAttention(nn.Module):
         return_weights: bool = False,
         *,
         kv_cache: KVCache | None = None,
+        context: torch.Tensor | None = None,
     ):
-        """Attend from ``x``; with ``kv_cache``, decode: ``x`` holds only the new tokens.
+        """Attend from ``x``; with ``kv_cache``, decode; with ``context``, cross-attend.
 
-        With a cache, the new tokens' keys and values are appended to it and the
-        queries attend over every cached token, the causal mask aligned
-        bottom-right (the new tokens are the last ones), so decoding one token
-        at a time reproduces the full causal forward pass (chapter 10). ``mask``
-        then broadcasts to ``(..., num_heads, T_new, T_cached)``.
+        With a cache, ``x`` holds only the new tokens: their keys and values are
+        appended to it and the queries attend over every cached token, the causal
+        mask aligned bottom-right (the new tokens are the last ones), so decoding
+        one token at a time reproduces the full causal forward pass (chapter 10).
+        With ``rope=True`` the new tokens take positions ``len(cache) …`` and the
+        cache stores their rotated keys (chapter 12). With a ``context`` of shape
+        ``(..., T_ctx, d_in)`` the keys and values come from the context and the
+        queries from ``x`` (cross-attention, chapter 12; the layer must not be causal,
+        and ``context_length`` limits ``x``, not the context).
+        ``mask`` broadcasts to ``(..., num_heads, T, T_k)``, where ``T_k`` is the number
+        of keys: ``T``, the tokens cached, or ``T_ctx``.
         """
         num_tokens = _check_input(x, self.d_in, self.context_length)
-        num_keys = num_tokens if kv_cache is None else self._check_cache(kv_cache, num_tokens)
+        if context is not None:
+            num_keys = self._check_context(context, x, kv_cache)
+        elif kv_cache is not None:
+            num_keys = self._check_cache(kv_cache, num_tokens)
+        else:
+            num_keys = num_tokens
         if return_weights and self.backend == "sdpa":
             raise ValueError(
                 "backend='sdpa' does not return attention weights; build the layer with "
@@ -337,9 +410,15 @@ class _HeadedAttention(nn.Module):
         if mask is not None:
             _check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
 
+        source = x if context is None else context  # (..., T_k, d_in): where keys come from
         queries = self._split_heads(self.W_query(x), self.num_heads)  # (..., num_heads, T, head_dim)
-        keys = self._split_heads(self.W_key(x), self.num_kv_heads)  # (..., num_kv_heads, T, head_dim)
-        values = self._split_heads(self.W_value(x), self.num_kv_heads)  # (..., num_kv_heads, T, head_dim)
+        keys = self._split_heads(self.W_key(source), self.num_kv_heads)  # (..., num_kv_heads, T_k, head_dim)
+        values = self._split_heads(self.W_value(source), self.num_kv_heads)  # (..., num_kv_heads, T_k, hd)
+        if self.rope:
+            # Read the positions before the cache grows: the new tokens come after len(cache).
+            positions = self._rope_positions(num_tokens, kv_cache, x.device)  # (T,)
+            queries = rotary_embedding(queries, positions, base=self.rope_base)  # same shape
+            keys = rotary_embedding(keys, positions, base=self.rope_base)  # same shape
         if kv_cache is not None:
             # The cache stores num_kv_heads heads: grouped-query attention's memory saving.
             keys, values = kv_cache.update(keys, values)  # (..., num_kv_heads, T_k, head_dim)
@@ -347,8 +426,8 @@ class _HeadedAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
 
         if self.backend == "sdpa":
-            context = self._fused(queries, keys, values, mask, num_tokens, num_keys, dropout_p,
-                                  group_size)  # (..., num_heads, T, head_dim)
+            context_vec = self._fused(queries, keys, values, mask, num_tokens, num_keys, dropout_p,
+                                      group_size)  # (..., num_heads, T, head_dim)
             attn_weights = None
         else:
             if group_size > 1:
@@ -363,14 +442,14 @@ class _HeadedAttention(nn.Module):
                     # The new queries are the last num_tokens positions: bottom-right alignment.
                     causal = causal_mask(num_tokens, num_keys, device=x.device)  # (T, T_k)
                 allowed = causal if mask is None else causal & mask
-            context, attn_weights = scaled_dot_product_attention(
+            context_vec, attn_weights = scaled_dot_product_attention(
                 queries, keys, values, allowed, dropout_p=dropout_p
             )  # (..., num_heads, T, head_dim), (..., num_heads, T, T_k)
 
         # transpose makes the memory non-contiguous, so merge the heads with reshape.
-        context = context.transpose(-3, -2)  # (..., T, num_heads, head_dim)
-        context = context.reshape(*lead, num_tokens, self.d_out)  # (..., T, d_out)
-        output = self.out_proj(context)  # (..., T, d_out)
+        context_vec = context_vec.transpose(-3, -2)  # (..., T, num_heads, head_dim)
+        context_vec = context_vec.reshape(*lead, num_tokens, self.d_out)  # (..., T, d_out)
+        output = self.out_proj(context_vec)  # (..., T, d_out)
         return (output, attn_weights) if return_weights else output
 
 
@@ -390,17 +469,23 @@ class MultiHeadAttention(_HeadedAttention):
             the same numbers from a fused kernel).
         device: where to create the parameters and the mask buffer.
         dtype: the parameters' floating dtype.
+        rope: rotate the queries and keys of every head by their positions
+            (:func:`~attention_book.positions.rotary_embedding`, split-half pairing)
+            after the projection; ``head_dim`` must be even.
+        rope_base: the ``base`` of the rotary frequencies.
 
     Shapes:
         x ``(..., T, d_in)`` -> output ``(..., T, d_out)``, weights
         ``(..., num_heads, T, T)``; ``mask`` broadcastable to ``(..., num_heads, T, T)``
-        (``padding_mask`` gives ``(B, 1, 1, T)``).
+        (``padding_mask`` gives ``(B, 1, 1, T)``). With ``context`` ``(..., T_ctx, d_in)``
+        the weights are ``(..., num_heads, T, T_ctx)`` and ``mask`` broadcasts to them.
 
     Returns:
         ``forward`` returns the output, or ``(output, weights)`` when ``return_weights=True``;
-        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10).
+        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10);
+        ``forward(x, context=ctx)`` is cross-attention (a non-causal layer, chapter 12).
 
-    Taught in chapter 7.
+    Taught in chapter 7 (the KV cache in chapter 10; RoPE and cross-attention in chapter 12).
     """
 
     def __init__(
@@ -416,10 +501,12 @@ class MultiHeadAttention(_HeadedAttention):
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        rope: bool = False,
+        rope_base: float = 10000.0,
     ):
         super().__init__(
             d_in, d_out, num_heads, num_heads, context_length, dropout, qkv_bias, causal, backend,
-            device, dtype,
+            device, dtype, rope, rope_base,
         )
 
 
@@ -442,16 +529,20 @@ class GroupedQueryAttention(_HeadedAttention):
         backend: ``"naive"`` or ``"sdpa"``, as in :class:`MultiHeadAttention`.
         device: where to create the parameters and the mask buffer.
         dtype: the parameters' floating dtype.
+        rope: rotate queries and keys by their positions, as in :class:`MultiHeadAttention`.
+        rope_base: the ``base`` of the rotary frequencies.
 
     Shapes:
         x ``(..., T, d_in)`` -> output ``(..., T, d_out)``; ``W_key`` and
-        ``W_value`` map ``d_in -> num_kv_heads * head_dim``.
+        ``W_value`` map ``d_in -> num_kv_heads * head_dim``; with ``context``
+        ``(..., T_ctx, d_in)`` the keys and values come from the context.
 
     Returns:
         ``forward`` returns the output, or ``(output, weights)`` when ``return_weights=True``;
-        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10).
+        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10);
+        ``forward(x, context=ctx)`` is cross-attention (a non-causal layer, chapter 12).
 
-    Taught in chapter 7.
+    Taught in chapter 7 (the KV cache in chapter 10; RoPE and cross-attention in chapter 12).
     """
 
     def __init__(
@@ -468,8 +559,10 @@ class GroupedQueryAttention(_HeadedAttention):
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        rope: bool = False,
+        rope_base: float = 10000.0,
     ):
         super().__init__(
             d_in, d_out, num_heads, num_kv_heads, context_length, dropout, qkv_bias, causal, backend,
-            device, dtype,
+            device, dtype, rope, rope_base,
         )

@@ -11,7 +11,14 @@ import torch
 from torch import nn
 
 # Importing a family registers its checks (see the package docstring).
-from . import checks_dropout, checks_heads, checks_masks, checks_output, checks_scaling  # noqa: F401
+from . import (  # noqa: F401
+    checks_dropout,
+    checks_heads,
+    checks_masks,
+    checks_output,
+    checks_positions,
+    checks_scaling,
+)
 from .context import DiagnosisContext
 from .registry import CHECKS, Check, Failed, NotApplicable, ordered_checks
 from .report import FAIL, NA, PASS, CheckResult, DiagnosisReport

@@ -4,7 +4,8 @@ A :class:`Hypothesis` is one way to compute attention, as a function of the
 scale; :func:`fit` finds, for each hypothesis, the scale that brings it closest
 to an output and keeps the hypotheses that reproduce it. For a module,
 :class:`ModuleReference` recomputes the output from the module's own
-``W_query``/``W_key``/``W_value`` weights. Every reference is computed on the
+``W_query``/``W_key``/``W_value`` weights (and, for a layer built with
+``rope=True``, rotates the queries and keys as it does). Every reference is computed on the
 subject's device in the precise dtype (float64), so that a comparison measures
 the subject's error, not the reference's.
 """
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from ..attention import causal_mask, softmax
+from ..positions import rotary_embedding
 from .numerics import max_diff, precise, precise_dtype
 from .registry import NotApplicable
 
@@ -95,7 +97,8 @@ class ModuleReference:
     """Recomputes a book-style module from its ``W_query``/``W_key``/``W_value``.
 
     Supports single-head modules, multi-head modules with ``num_heads`` (and
-    ``num_kv_heads``, ``out_proj``), and wrappers holding a ``heads`` list.
+    ``num_kv_heads``, ``out_proj``, ``rope`` and ``rope_base``), and wrappers holding
+    a ``heads`` list.
     """
 
     def __init__(self, module: nn.Module, causal: bool):
@@ -120,6 +123,9 @@ class ModuleReference:
         self.head_dim = int(getattr(module, "head_dim", self.d_out // self.num_heads))
         out_proj = getattr(module, "out_proj", None)
         self.out_proj = out_proj if isinstance(out_proj, nn.Linear) else None
+        # A layer that declares rope=True rotates its queries and keys by position (chapter 12).
+        self.rope = getattr(module, "rope", False) is True
+        self.rope_base = float(getattr(module, "rope_base", 10000.0))
 
     @torch.no_grad()
     def outputs(self, x, scales, dim=-1, split="transpose", mask=None):
@@ -144,6 +150,9 @@ class ModuleReference:
         q = project(m.W_query, self.num_heads)  # (B, num_heads, T, head_dim)
         k = project(m.W_key, self.num_kv_heads)  # (B, num_kv_heads, T, head_dim)
         v = project(m.W_value, self.num_kv_heads)  # (B, num_kv_heads, T, head_dim)
+        if self.rope:
+            q = rotary_embedding(q, base=self.rope_base)  # (B, num_heads, T, head_dim)
+            k = rotary_embedding(k, base=self.rope_base)  # (B, num_kv_heads, T, head_dim)
         group = self.num_heads // self.num_kv_heads
         if group > 1:
             k = k.repeat_interleave(group, dim=1)  # (B, num_heads, T, head_dim)
