@@ -606,7 +606,9 @@ def test_chapters_have_colab_and_binder_buttons(page_report, docname):
     repo = urlsplit(config["repository"]["url"]).path.strip("/")
     branch = config["repository"]["branch"]
     book_path = (config["repository"].get("path_to_book") or "").strip("/")
-    notebook = "/".join(p for p in (book_path, f"{docname}.ipynb") if p)
+    # The buttons open the practice version (answers taken out), not the chapter itself.
+    practice = f"practice/{docname.split('/')[-1]}.ipynb"
+    notebook = "/".join(p for p in (book_path, practice) if p)
     expected = [
         f"https://colab.research.google.com/github/{repo}/blob/{branch}/{notebook}",
         f"https://mybinder.org/v2/gh/{repo}/{branch}?urlpath=tree/{notebook}",
