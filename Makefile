@@ -52,6 +52,15 @@ practice: $(STAMP)
 assignments: $(STAMP)
 	$(BIN)/python -m attention_book.classroom --course-dir build/classroom
 
+## test-gpu: the device tests on CUDA (not part of `make test`: CI has no GPU). Fails, with a
+## message, on a machine where PyTorch sees no CUDA device; never passes silently.
+.PHONY: test-gpu
+test-gpu: $(STAMP)
+	@$(BIN)/python -c "import sys, torch; ok = torch.cuda.is_available(); \
+	print('CUDA device:', torch.cuda.get_device_name(0) if ok else 'none (this target needs a GPU)'); \
+	sys.exit(0 if ok else 1)"
+	$(BIN)/python -m pytest tests/test_devices.py --device cuda
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 
