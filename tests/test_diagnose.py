@@ -6,7 +6,6 @@ and chapter 11's exercise checkers (a right answer passes, typical wrong ones ex
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
@@ -22,12 +21,6 @@ from attention_book.diagnose import (
     blocked_mask_adapter,
     diagnose,
     torch_multihead_adapter,
-)
-from attention_book.exercises import (
-    ExerciseFailure,
-    check_fixed_dropout,
-    check_fixed_masking,
-    check_split_merge_heads,
 )
 
 # ----------------------------------------------------------------------------- the bug zoo
@@ -281,78 +274,6 @@ def test_torch_multihead_adapter_finds_nan_on_fully_masked_rows():
     assert report.failed == ["fully_masked_rows"]
     with pytest.raises(TypeError, match="MultiheadAttention"):
         torch_multihead_adapter(nn.Linear(2, 2))
-
-
-# ----------------------------------------------------------------------------- exercises
-
-
-def _fixed_masking(query, key, value, mask=None):
-    attn_scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
-    if mask is not None:
-        attn_scores = attn_scores.masked_fill(~mask, float("-inf"))
-    attn_weights = attention_book.softmax(attn_scores, dim=-1)
-    return attn_weights @ value, attn_weights
-
-
-def test_check_fixed_masking(capsys):
-    check_fixed_masking(_fixed_masking)
-    assert capsys.readouterr().out.startswith("Correct:")
-    with pytest.raises(ExerciseFailure, match="-inf"):
-        check_fixed_masking(bug_zoo.attention_masked_with_zero)
-    with pytest.raises(ExerciseFailure, match="mask_polarity"):
-        check_fixed_masking(bug_zoo.attention_inverted_mask)
-
-
-def _split(x, num_heads):
-    batch, num_tokens, d_out = x.shape
-    return x.view(batch, num_tokens, num_heads, d_out // num_heads).transpose(1, 2)
-
-
-def _merge(x):
-    batch, num_heads, num_tokens, head_dim = x.shape
-    return x.transpose(1, 2).reshape(batch, num_tokens, num_heads * head_dim)
-
-
-def test_check_split_merge_heads(capsys):
-    check_split_merge_heads(_split, _merge)
-    assert capsys.readouterr().out.startswith("Correct:")
-
-    def bare_view(x, num_heads):
-        batch, num_tokens, d_out = x.shape
-        return x.view(batch, num_heads, num_tokens, d_out // num_heads)
-
-    with pytest.raises(ExerciseFailure, match="bare"):
-        check_split_merge_heads(bare_view, _merge)
-
-    def merge_without_transpose(x):
-        batch, num_heads, num_tokens, head_dim = x.shape
-        return x.reshape(batch, num_tokens, num_heads * head_dim)
-
-    with pytest.raises(ExerciseFailure, match="gives x back"):
-        check_split_merge_heads(_split, merge_without_transpose)
-
-
-class _FixedDropout(bug_zoo.HealthyCausalAttention):
-    def forward(self, x):
-        num_tokens = x.shape[1]
-        self.check_length(num_tokens)
-        queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)
-        attn_scores = queries @ keys.transpose(1, 2) / math.sqrt(self.d_out)
-        attn_scores = attn_scores.masked_fill(~self.mask[:num_tokens, :num_tokens], -math.inf)
-        attn_weights = torch.softmax(attn_scores, dim=-1)
-        attn_weights = F.dropout(attn_weights, self.dropout.p, training=self.training)
-        return attn_weights @ values
-
-
-def test_check_fixed_dropout(capsys):
-    check_fixed_dropout(_FixedDropout)
-    assert capsys.readouterr().out.startswith("Correct:")
-    with pytest.raises(ExerciseFailure, match="dropout_eval"):
-        check_fixed_dropout(bug_zoo.CausalDropoutInEval)
-    with pytest.raises(ExerciseFailure, match="dropout_train"):
-        check_fixed_dropout(bug_zoo.CausalDropoutBeforeSoftmax)
-    with pytest.raises(ExerciseFailure, match="layer class"):
-        check_fixed_dropout(_FixedDropout(6, 8, 8, 0.5))
 
 
 def test_zoo_source_keeps_code_and_cuts_docstrings():

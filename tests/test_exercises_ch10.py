@@ -1,17 +1,20 @@
-"""Chapter 10's checkers accept right answers and explain typical wrong ones."""
+"""Chapter 10's checkers accept right answers and explain each typical wrong one."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from attention_book import causal_mask
 from attention_book.exercises import (
     check_attention_flops,
-    check_decoding_mask,
-    check_kv_cache_size,
-    check_online_max_and_sum,
+    check_cached_attention,
+    check_combine,
+    check_predicted_cache_bytes,
 )
 
 
@@ -23,123 +26,234 @@ def test_checkers_are_reexported():
         assert getattr(exercises, name) is getattr(ch10, name)
 
 
+def _passes(checker, capsys, *answer):
+    assert checker(*answer) is True
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
 def _fails_with(checker, answer, capsys, *phrases):
     assert checker(answer) is False
     out = capsys.readouterr().out
+    assert out.startswith("Not yet.")
     for phrase in phrases:
         assert phrase in out, out
+    return out
 
 
-# --- attention_flops ---------------------------------------------------------------------------
+# --- 10.1 attention_flops with T_q != T_k --------------------------------------------------------
 
 
 def test_flops_right(capsys):
-    assert check_attention_flops(lambda b, h, t, d: 4 * b * h * t * t * d)
-    assert capsys.readouterr().out.startswith("Correct:")
+    _passes(check_attention_flops, capsys, lambda b, h, tq, tk, d: 4 * b * h * tq * tk * d)
 
 
-def test_flops_half(capsys):
-    _fails_with(check_attention_flops, lambda b, h, t, d: 2 * b * h * t * t * d, capsys,
-                "Not yet. The check that failed: attention_flops", "half the answer")
+@pytest.mark.parametrize(("answer", "phrase"), [
+    (lambda b, h, tq, tk, d: 4 * b * h * tk * tk * d, "You counted a square"),
+    (lambda b, h, tq, tk, d: 4 * b * h * tq * tq * d, "You counted the queries twice"),
+    (lambda b, h, tq, tk, d: 2 * b * h * tq * tk * d, "half the answer"),
+    (lambda b, h, tq, tk, d: 4.0 * b * h * tq * tk * d, "is an int"),
+    (lambda b, h, tq, tk, d: 4 * b * h * (tq + tk) * d, "Count the two products"),
+])
+def test_flops_wrong(answer, phrase, capsys):
+    _fails_with(check_attention_flops, answer, capsys, phrase)
 
 
-def test_flops_linear_in_t(capsys):
-    _fails_with(check_attention_flops, lambda b, h, t, d: 4 * b * h * t * d, capsys,
-                "grows with T squared")
+def test_flops_unwritten(capsys):
+    def attention_flops(batch_size, num_heads, num_queries, num_keys, head_dim):
+        raise NotImplementedError()
+
+    _fails_with(check_attention_flops, attention_flops, capsys,
+                "You have not written `attention_flops` yet")
 
 
-def test_flops_float(capsys):
-    _fails_with(check_attention_flops, lambda b, h, t, d: 4.0 * b * h * t * t * d, capsys,
-                "is an int")
+# --- 10.2 predicted cache bytes ----------------------------------------------------------------
+
+RIGHT_BYTES = 2 * 1 * 2 * 40 * 8 * 4  # keys and values, B, H_kv, max_length, head_dim, float32
 
 
-# --- online max and sum ------------------------------------------------------------------------
+def test_prediction_right(capsys):
+    _passes(check_predicted_cache_bytes, capsys, lambda: RIGHT_BYTES)
 
 
-def online_right(scores):
-    running_max, running_sum = -math.inf, 0.0
-    for x in scores.tolist():
-        new_max = max(running_max, x)
-        running_sum = running_sum * math.exp(running_max - new_max) + math.exp(x - new_max)
-        running_max = new_max
-    return running_max, running_sum
+@pytest.mark.parametrize(("value", "phrase"), [
+    (2 * 1 * 2 * 16 * 8 * 4, "You counted the 16 tokens"),
+    (1 * 1 * 2 * 40 * 8 * 4, "half the size"),  # keys only (or 2 bytes a number)
+    (2 * 1 * 8 * 40 * 8 * 4, "four times the size"),  # every query head
+    (2 * 1 * 2 * 40 * 32 * 4, "four times the size"),  # head_dim = d_out / num_kv_heads
+    (2 * 1 * 2 * 40 * 8 * 8, "twice the size"),  # float64
+    (RIGHT_BYTES * 8, "bits instead of bytes"),
+    (RIGHT_BYTES // 4, "a quarter of the size"),  # numbers, not bytes
+    (12345, "Work through the cache's buffers"),
+])
+def test_prediction_wrong_never_reveals_the_answer(value, phrase, capsys):
+    out = _fails_with(check_predicted_cache_bytes, lambda: value, capsys, phrase)
+    assert str(RIGHT_BYTES) not in out
 
 
-def online_no_rescale(scores):
-    running_max, running_sum = -math.inf, 0.0
-    for x in scores.tolist():
-        running_max = max(running_max, x)
-        running_sum += math.exp(x - running_max)
-    return running_max, running_sum
+def test_prediction_not_an_int(capsys):
+    _fails_with(check_predicted_cache_bytes, lambda: "5 KiB", capsys, "is an int")
 
 
-def online_raw_exp(scores):
-    return scores.max(), torch.exp(scores).sum() / torch.exp(scores.max())
+# --- 10.3 combine two partial softmax states -------------------------------------------------
 
 
-def test_online_right(capsys):
-    assert check_online_max_and_sum(online_right)
-    assert capsys.readouterr().out.startswith("Correct:")
+def combine_right(state_a, state_b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    shift = torch.where(m.isfinite(), m, 0.0)
+    scale_a, scale_b = torch.exp(m_a - shift), torch.exp(m_b - shift)
+    return m, l_a * scale_a + l_b * scale_b, o_a * scale_a + o_b * scale_b
 
 
-def test_online_without_rescaling(capsys):
-    _fails_with(check_online_max_and_sum, online_no_rescale, capsys,
-                "rescaled when the maximum grows", "exp(m - m_new)")
+def combine_without_shift(state_a, state_b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    scale_a, scale_b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, l_a * scale_a + l_b * scale_b, o_a * scale_a + o_b * scale_b
 
 
-def test_online_overflows(capsys):
-    _fails_with(check_online_max_and_sum, online_raw_exp, capsys, "is finite")
+def combine_no_rescale(state_a, state_b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = state_a, state_b
+    return torch.maximum(m_a, m_b), l_a + l_b, o_a + o_b
 
 
-def test_online_not_a_pair(capsys):
-    _fails_with(check_online_max_and_sum, lambda scores: scores.max(), capsys, "is a pair")
+def combine_inverted(state_a, state_b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    scale_a, scale_b = torch.exp(m - m_a), torch.exp(m - m_b)
+    return m, l_a * scale_a + l_b * scale_b, o_a * scale_a + o_b * scale_b
 
 
-def test_online_pair_of_non_numbers(capsys):
-    _fails_with(check_online_max_and_sum, lambda scores: (None, None), capsys,
-                "holds two numbers")
+def combine_l_only(state_a, state_b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    scale_a, scale_b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, l_a * scale_a + l_b * scale_b, o_a + o_b
 
 
-# --- kv cache size -----------------------------------------------------------------------------
+def combine_o_only(state_a, state_b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    scale_a, scale_b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, l_a + l_b, o_a * scale_a + o_b * scale_b
 
 
-def test_kv_size_right(capsys):
-    assert check_kv_cache_size(lambda layers, b, kv_heads, d, t, nbytes: 2 * layers * b * kv_heads * d
-                        * t * nbytes)
-    assert capsys.readouterr().out.startswith("Correct:")
+def combine_average(state_a, state_b):
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = state_a, state_b
+    return torch.maximum(m_a, m_b), torch.ones_like(l_a), (o_a / l_a + o_b / l_b) / 2
 
 
-def test_kv_size_forgets_values(capsys):
-    _fails_with(check_kv_cache_size,
-                lambda layers, b, kv_heads, d, t, nbytes: layers * b * kv_heads * d * t * nbytes,
-                capsys, "counts keys and values")
+def combine_normalised(state_a, state_b):
+    m, total, o = combine_right(state_a, state_b)
+    return m, torch.ones_like(total), o / total
 
 
-def test_kv_size_forgets_bytes(capsys):
-    _fails_with(check_kv_cache_size,
-                lambda layers, b, kv_heads, d, t, nbytes: 2 * layers * b * kv_heads * d * t,
-                capsys, "is in bytes", "bytes_per_element")
+def combine_raw_exp(state_a, state_b):
+    """Right on paper, but exp(m) overflows for large scores."""
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = state_a, state_b
+    m = torch.maximum(m_a, m_b)
+    scale_a, scale_b = torch.exp(m_a) / torch.exp(m), torch.exp(m_b) / torch.exp(m)
+    return m, l_a * scale_a + l_b * scale_b, o_a * scale_a + o_b * scale_b
 
 
-# --- decoding mask -----------------------------------------------------------------------------
+def combine_sum_m(state_a, state_b):
+    m, total, o = combine_right(state_a, state_b)
+    return m + 1.0, total, o
 
 
-def test_mask_right(capsys):
-    assert check_decoding_mask(lambda new, keys: causal_mask(new, keys))
-    assert capsys.readouterr().out.startswith("Correct:")
+def test_combine_right(capsys):
+    _passes(check_combine, capsys, combine_right)
 
 
-def test_mask_top_left(capsys):
-    _fails_with(check_decoding_mask,
-                lambda new, keys: torch.ones(new, keys, dtype=torch.bool).tril(), capsys,
-                "aligned bottom-right", "is_causal")
+@pytest.mark.parametrize(("answer", "phrase"), [
+    (combine_no_rescale, "You added the two states as they are"),
+    (combine_inverted, "upside down"),
+    (combine_l_only, "You rescaled l but not o"),
+    (combine_o_only, "You rescaled o but not l"),
+    (combine_average, "equal weight"),
+    (combine_normalised, "Return the unnormalised state"),
+    (combine_sum_m, "the larger of the two"),
+    (combine_raw_exp, "Never exponentiate a raw maximum"),
+    (combine_without_shift, "exp(-inf - (-inf)) is NaN"),
+    (lambda a, b: a[2], "a tuple (m, l, o)"),
+    (lambda a, b: (a[0].squeeze(-1), a[1], a[2]), "the shape of m"),
+])
+def test_combine_wrong(answer, phrase, capsys):
+    _fails_with(check_combine, answer, capsys, phrase)
 
 
-def test_mask_wrong_polarity(capsys):
-    _fails_with(check_decoding_mask, lambda new, keys: ~causal_mask(new, keys), capsys,
-                "has the right entries")
+# --- 10.4 cached attention (bug hunt) --------------------------------------------------------
 
 
-def test_mask_float(capsys):
-    _fails_with(check_decoding_mask, lambda new, keys: causal_mask(new, keys).float(), capsys,
-                "is boolean")
+def cached_right(query_new, key_new, value_new, cache):
+    keys, values = cache.update(key_new, value_new)
+    mask = causal_mask(query_new.size(-2), keys.size(-2))
+    return F.scaled_dot_product_attention(query_new, keys, values, attn_mask=mask)
+
+
+def cached_lower_right(query_new, key_new, value_new, cache):
+    keys, values = cache.update(key_new, value_new)
+    bias = causal_lower_right(query_new.size(-2), keys.size(-2))
+    return F.scaled_dot_product_attention(query_new, keys, values, attn_mask=bias)
+
+
+def cached_by_hand(query_new, key_new, value_new, cache):
+    keys, values = cache.update(key_new, value_new)
+    num_new, num_keys = query_new.size(-2), keys.size(-2)
+    scores = query_new @ keys.transpose(-2, -1) / math.sqrt(query_new.size(-1))
+    allowed = torch.ones(num_new, num_keys, dtype=torch.bool).tril(num_keys - num_new)
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ values
+
+
+def cached_buggy(query_new, key_new, value_new, cache):
+    keys, values = cache.update(key_new, value_new)
+    return F.scaled_dot_product_attention(query_new, keys, values, is_causal=True)
+
+
+def cached_no_mask(query_new, key_new, value_new, cache):
+    keys, values = cache.update(key_new, value_new)
+    return F.scaled_dot_product_attention(query_new, keys, values)
+
+
+def cached_no_update(query_new, key_new, value_new, cache):
+    return F.scaled_dot_product_attention(query_new, key_new, value_new, is_causal=True)
+
+
+def cached_new_keys_only(query_new, key_new, value_new, cache):
+    cache.update(key_new, value_new)
+    return F.scaled_dot_product_attention(query_new, key_new, value_new, is_causal=True)
+
+
+def cached_twice(query_new, key_new, value_new, cache):
+    cache.update(key_new, value_new)
+    return cached_right(query_new, key_new, value_new, cache)
+
+
+def cached_returns_pair(query_new, key_new, value_new, cache):
+    return cached_right(query_new, key_new, value_new, cache), None
+
+
+def cached_inverted(query_new, key_new, value_new, cache):
+    keys, values = cache.update(key_new, value_new)
+    mask = ~causal_mask(query_new.size(-2), keys.size(-2))
+    scores = query_new @ keys.transpose(-2, -1) / math.sqrt(query_new.size(-1))
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num()
+    return weights @ values
+
+
+@pytest.mark.parametrize("answer", [cached_right, cached_lower_right, cached_by_hand])
+def test_cached_right(answer, capsys):
+    _passes(check_cached_attention, capsys, answer)
+
+
+@pytest.mark.parametrize(("answer", "phrase"), [
+    (cached_buggy, "top-left"),
+    (cached_no_mask, "you still need a causal mask"),
+    (cached_no_update, "cache.update(key_new, value_new)"),
+    (cached_new_keys_only, "not over the new ones alone"),
+    (cached_twice, "exactly once per call"),
+    (cached_returns_pair, "the new positions only"),
+    (cached_inverted, "aligned bottom-right: new query i may see keys"),
+])
+def test_cached_wrong(answer, phrase, capsys):
+    _fails_with(check_cached_attention, answer, capsys, phrase)
