@@ -283,3 +283,21 @@ def test_zoo_source_keeps_code_and_cuts_docstrings():
     assert "Args:" not in text and "Broken attention" in text
     method = bug_zoo.source(bug_zoo.CausalDropoutInEval.forward)
     assert method.startswith("def forward(self, x):") and "# BUG" in method
+
+
+def test_dropout_train_fails_a_layer_whose_training_outputs_are_nan():
+    """A NaN never compares above a threshold: the check must look for it explicitly."""
+
+    class NaNInTraining(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = attention_book.MultiHeadAttention(6, 8, 2, context_length=8, dropout=0.5)
+
+        def forward(self, x):
+            out = self.inner(x)
+            return out * float("nan") if self.training else out
+
+    torch.manual_seed(0)
+    report = diagnose(NaNInTraining())
+    assert report.failed == ["dropout_train"], str(report)
+    assert "NaN" in report["dropout_train"].evidence

@@ -314,7 +314,9 @@ class _HeadedAttention(nn.Module):
             attn_mask, is_causal = None, True
         elif causal_only:
             # Decoding with a cache: the queries are the last positions, so the diagonal is
-            # aligned bottom-right; causal_lower_right keeps the kernel's fast causal path.
+            # aligned bottom-right. causal_lower_right says so without a mask tensor; a GPU
+            # kernel can then skip the blocks above the diagonal (on the CPU, PyTorch builds
+            # the mask from it, as chapter 10 shows).
             attn_mask = causal_lower_right(num_tokens, num_keys)
         elif self.causal:
             causal = causal_mask(num_tokens, num_keys, device=queries.device)  # (T, T_k)

@@ -61,6 +61,9 @@ def check_dropout_train(ctx: DiagnosisContext) -> str:
         samples, _ = s.call(many)  # (N, T, d_out)
     finally:
         s.module.eval()
+    if not torch.isfinite(samples).all():
+        raise Failed(f"p={s.dropout_p}: training calls return NaN or infinite outputs "
+                     "(dropout before the softmax turns -inf scores into NaN)")
     spread = (samples - samples[:1]).abs().max().item()
     if spread <= ctx.tol.atol:
         raise Failed(f"p={s.dropout_p}, yet {num_samples} training calls all agree: "
