@@ -280,8 +280,9 @@ _LAYER_HINTS = {
     "dropout_eval": "In eval mode two calls still differ. An nn.Dropout built inside forward is a "
                     "new module in training mode at every call, and layer.eval() cannot reach "
                     "it: apply dropout so that it follows the layer's own mode.",
-    "dropout_train": "Keep dropout in training, on the weights after the softmax: the fix must "
-                     "switch it off in eval mode, not remove it.",
+    "dropout_train": "Keep dropout in training, on the weights after the softmax: on the "
+                     "scores it also hits the masked -inf entries, and 0 times -inf is NaN. "
+                     "The fix must switch dropout off in eval mode, not remove it.",
     "scale": "The scores are divided by the wrong number. diagnose's scale row says which "
              "number the code divides by: compare it with head_dim.",
     "matches_reference": "Fix only the two bugs: keep the head split, the causal mask, the "
