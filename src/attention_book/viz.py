@@ -16,7 +16,9 @@ import torch
 
 from ._ids import _check_element_id
 
-__all__ = ["PIPELINE_STAGES", "plot_attention", "plot_attention_pipeline", "plot_heads", "head_view", "model_view"]
+__all__ = [
+    "PIPELINE_STAGES", "plot_attention", "plot_attention_pipeline", "plot_heads", "head_view", "model_view",
+]
 
 _BERTVIZ_ID = re.compile(r"bertviz-[0-9a-f]{32}")
 
@@ -384,7 +386,7 @@ def plot_attention_pipeline(highlight: Sequence[str] = (), *, title: str | None 
 
     centre, top = 3.0, 11.0
     box(centre, top, 2.6, _STAGE_LABELS["input"], "input")
-    for column, name in zip((1.0, 3.0, 5.0), ("query", "key", "value")):
+    for column, name in zip((1.0, 3.0, 5.0), ("query", "key", "value"), strict=True):
         letter = name[0].upper()
         box(column, top - 1.2, 1.8, (f"W_{name}", f"{letter} (B, T, d_out)"), "projections")
         arrow((centre, top - 0.34), (column, top - 0.86))
