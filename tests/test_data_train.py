@@ -214,6 +214,31 @@ def test_averaging_classifier_ignores_word_order(encoded):
     torch.testing.assert_close(weights[0, 0, 0, :length], torch.full((length,), 1 / length))
 
 
+def test_attention_classifier_without_positions_is_order_blind(encoded):
+    """positional_encoding=False: swapping two other words leaves the word's logits unchanged."""
+    vocab, labels, _ = encoded
+    token_ids, lengths, word_index = _batch(encoded, rows=slice(0, 1))
+    others = [i for i in range(lengths.item()) if i != word_index.item()]
+    swapped = token_ids.clone()
+    swapped[0, [others[0], others[-1]]] = token_ids[0, [others[-1], others[0]]]
+    assert not torch.equal(swapped, token_ids)
+    logits = {}
+    for positional_encoding in (False, True):
+        torch.manual_seed(0)
+        model = AttentionClassifier(len(vocab), len(labels), d_model=16, num_heads=2,
+                                    positional_encoding=positional_encoding,
+                                    dtype=torch.float64).eval()
+        assert model.positional_encoding is positional_encoding
+        logits[positional_encoding] = (model(token_ids, lengths, word_index),
+                                       model(swapped, lengths, word_index))
+    torch.testing.assert_close(*logits[False])
+    assert not torch.allclose(*logits[True])
+    # The same parameters with and without the encoding: only the positions differ.
+    assert not torch.allclose(logits[False][0], logits[True][0])
+    with pytest.raises(TypeError, match="positional_encoding must be True or False"):
+        AttentionClassifier(10, 3, positional_encoding="no")
+
+
 @pytest.mark.parametrize("model_class", [AttentionClassifier, AveragingClassifier])
 def test_classifiers_reject_bad_batches(model_class):
     model = model_class(10, 3, context_length=4)

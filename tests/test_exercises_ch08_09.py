@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
+import pytest
 import torch
 
 from attention_book.exercises import (
-    check_attention_to_cue,
-    check_gather_word,
-    check_mean_pool,
-    check_previous_token_score,
+    check_attention_by_offset,
+    check_is_order_blind,
+    check_norm_based_weights,
+    check_predicted_accuracy_without_positions,
+    check_predicted_bias_effects,
     check_top_head,
-    check_weights_from_projections,
 )
 
 
@@ -26,120 +25,269 @@ def test_checkers_are_reexported():
             assert getattr(exercises, name) is getattr(module, name)
 
 
-def _fails(checker, answer, *fragments, capsys):
+def _passes(checker, answer, capsys):
+    assert checker(answer) is True
+    out = capsys.readouterr().out
+    assert out.startswith("Correct:"), out
+    return out
+
+
+def _fails(checker, answer, *fragments, capsys, hint=True):
     assert checker(answer) is False
     out = capsys.readouterr().out
+    assert out.startswith("Not yet."), out
     for fragment in fragments:
-        assert fragment in out
-    assert "hint:" in out
+        assert fragment in out, out
+    assert out.count("hint:") == (1 if hint else 0)
+    return out
 
 
-# --- chapter 8 --------------------------------------------------------------------------------
+def _blank(*args):
+    raise NotImplementedError()
 
 
-def top_head_right(attentions, query_index, key_index):
-    stacked = torch.stack(list(attentions))[:, 0]  # (layers, heads, T, T)
-    link = stacked[:, :, query_index, key_index]
-    return divmod(link.argmax().item(), link.shape[1])
+@pytest.mark.parametrize("checker", [
+    check_top_head, check_predicted_bias_effects, check_norm_based_weights,
+    check_predicted_accuracy_without_positions, check_is_order_blind, check_attention_by_offset,
+])
+def test_a_blank_answer_says_so(checker, capsys):
+    _fails(checker, _blank, "You have not written `_blank` yet", capsys=capsys, hint=False)
 
 
-def top_head_swapped(attentions, query_index, key_index):
-    layer, head = top_head_right(attentions, query_index, key_index)
-    return head, layer
+# --- 8.1 the strongest link (bug-hunt) ------------------------------------------------------------
 
 
-def top_head_wrong_direction(attentions, query_index, key_index):
-    return top_head_right(attentions, key_index, query_index)
+def _top_head(swap_direction=False, divide_by_layers=False, swap_pair=False):
+    def top_head(attentions, query_index, key_index):
+        weights = torch.stack(list(attentions))[:, 0]  # (num_layers, num_heads, T, T)
+        if swap_direction:
+            link = weights[:, :, key_index, query_index]
+        else:
+            link = weights[:, :, query_index, key_index]  # (num_layers, num_heads)
+        size = len(attentions) if divide_by_layers else link.shape[1]
+        layer, head = divmod(link.argmax().item(), size)
+        return (head, layer) if swap_pair else (layer, head)
+
+    return top_head
 
 
-def test_top_head(capsys):
-    assert check_top_head(top_head_right)
-    assert capsys.readouterr().out.startswith("Correct:")
-    _fails(check_top_head, top_head_swapped, "(layer, head), in that order", capsys=capsys)
-    _fails(check_top_head, top_head_wrong_direction, "largest weight", capsys=capsys)
-    _fails(check_top_head, lambda a, q, k: 3, "a pair (layer, head)", capsys=capsys)
+def test_top_head_accepts_the_fix(capsys):
+    _passes(check_top_head, _top_head(), capsys)
 
 
-def test_previous_token_score(capsys):
-    assert check_previous_token_score(
-        lambda w: torch.diagonal(w, offset=-1, dim1=-2, dim2=-1).mean(-1))
-    assert capsys.readouterr().out.startswith("Correct:")
-    _fails(check_previous_token_score,
-           lambda w: torch.diagonal(w, offset=1, dim1=-2, dim2=-1).mean(-1),
-           "*previous* token", capsys=capsys)
-    _fails(check_previous_token_score,
-           lambda w: torch.diagonal(w, offset=-1, dim1=-2, dim2=-1).sum(-1),
-           "match the reference", capsys=capsys)
-    _fails(check_previous_token_score,
-           lambda w: torch.diagonal(w, offset=-1, dim1=-2, dim2=-1),
-           "the shape of", capsys=capsys)
+def test_top_head_accepts_a_tensor_pair(capsys):
+    def as_tensor(attentions, query_index, key_index):
+        return torch.tensor(_top_head()(attentions, query_index, key_index))
+
+    _passes(check_top_head, as_tensor, capsys)
 
 
-def _weights_from_projections(scale_by):
-    def answer(queries, keys, num_heads):
-        batch, num_tokens, d_out = queries.shape
-        head_dim = d_out // num_heads
-        q = queries.view(batch, num_tokens, num_heads, head_dim).transpose(1, 2)
-        k = keys.view(batch, num_tokens, num_heads, head_dim).transpose(1, 2)
-        scale = {"head_dim": math.sqrt(head_dim), "d_out": math.sqrt(d_out), "none": 1.0}
-        return torch.softmax(q @ k.transpose(-2, -1) / scale[scale_by], dim=-1)
-
-    return answer
-
-
-def _no_transpose(queries, keys, num_heads):
-    batch, num_tokens, d_out = queries.shape
-    head_dim = d_out // num_heads
-    q = queries.view(batch, num_heads, num_tokens, head_dim)
-    k = keys.view(batch, num_heads, num_tokens, head_dim)
-    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(head_dim), dim=-1)
+@pytest.mark.parametrize(("answer", "fragments"), [
+    (_top_head(swap_direction=True, divide_by_layers=True), ["split into (layer, head)",
+                                                            "the head index runs fastest"]),
+    (_top_head(divide_by_layers=True), ["split into (layer, head)"]),
+    (_top_head(swap_direction=True), ["from the query token to the key token",
+                                      "Row i of a weight matrix is query token i"]),
+    (_top_head(swap_pair=True), ["(layer, head), in that order"]),
+    (lambda attentions, q, k: 3, ["a pair (layer, head) of ints"]),
+    (lambda attentions, q, k: (0, 0), ["the (layer, head) with the largest weight"]),
+])
+def test_top_head_explains_each_bug(answer, fragments, capsys):
+    _fails(check_top_head, answer, *fragments, capsys=capsys)
 
 
-def test_weights_from_projections(capsys):
-    assert check_weights_from_projections(_weights_from_projections("head_dim"))
-    assert capsys.readouterr().out.startswith("Correct:")
-    _fails(check_weights_from_projections, _weights_from_projections("d_out"),
-           "1/sqrt(head_dim)", capsys=capsys)
-    _fails(check_weights_from_projections, _weights_from_projections("none"),
-           "scores are scaled", capsys=capsys)
-    _fails(check_weights_from_projections, _no_transpose, "match the reference", capsys=capsys)
+# --- 8.2 the bias prediction --------------------------------------------------------------------
 
 
-# --- chapter 9 --------------------------------------------------------------------------------
-
-
-def _mean_pool_right(x, lengths):
-    real = (torch.arange(x.shape[1]) < lengths[:, None]).unsqueeze(-1)  # (B, T, 1)
-    return (x * real).sum(1) / lengths[:, None]
-
-
-def test_mean_pool(capsys):
-    assert check_mean_pool(_mean_pool_right)
-    assert capsys.readouterr().out.startswith("Correct:")
-    _fails(check_mean_pool, lambda x, lengths: x.mean(dim=1), "padding is left out",
+def test_bias_prediction(capsys):
+    out = _passes(check_predicted_bias_effects, lambda: {"key bias": False, "query bias": True},
+                  capsys)
+    assert "softmax ignores" in out
+    _fails(check_predicted_bias_effects, lambda: {"key bias": True, "query bias": True},
+           "prediction for the key bias", "the same for every key j", capsys=capsys)
+    _fails(check_predicted_bias_effects, lambda: {"key bias": False, "query bias": False},
+           "prediction for the query bias", "involves the key", capsys=capsys)
+    _fails(check_predicted_bias_effects, lambda: (False, True), "a dict", capsys=capsys)
+    _fails(check_predicted_bias_effects, lambda: {"key bias": 0, "query bias": 1}, "a dict",
            capsys=capsys)
-    _fails(check_mean_pool, lambda x, lengths: _mean_pool_right(x, lengths)[:, None],
-           "the shape of", capsys=capsys)
 
 
-def test_gather_word(capsys):
-    assert check_gather_word(lambda c, i: c[torch.arange(c.shape[0]), i])
-    assert capsys.readouterr().out.startswith("Correct:")
-    _fails(check_gather_word, lambda c, i: c[:, i], "one vector per sentence", capsys=capsys)
-    _fails(check_gather_word, lambda c, i: c[:, 0], "match the reference", capsys=capsys)
+def test_the_bias_facts_hold_in_a_bert_layer():
+    """What the prediction's checker calls right is true of BERT's attention (a tiny random one)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 5, 8, dtype=torch.float64)
+    query = torch.nn.Linear(8, 8, dtype=torch.float64)
+    key = torch.nn.Linear(8, 8, dtype=torch.float64)
+
+    def weights():
+        return torch.softmax(query(x) @ key(x).transpose(-2, -1) / 8**0.5, dim=-1)
+
+    with torch.no_grad():
+        before = weights()
+        key.bias.zero_()
+        assert torch.allclose(weights(), before, atol=1e-12)
+        query.bias.zero_()
+        assert (weights() - before).abs().max() > 1e-3
 
 
-def test_attention_to_cue(capsys):
-    def right(weights, word_index, cue_index):
-        rows = torch.arange(weights.shape[0])
-        return weights[rows, :, word_index][rows, :, cue_index]
+# --- 8.3 norm-based weights ----------------------------------------------------------------------
 
-    def reversed_direction(weights, word_index, cue_index):
-        return right(weights, cue_index, word_index)
 
-    assert check_attention_to_cue(right)
-    assert capsys.readouterr().out.startswith("Correct:")
-    _fails(check_attention_to_cue, reversed_direction, "*from* the word *to* the cue",
-           capsys=capsys)
-    _fails(check_attention_to_cue, lambda w, i, c: w[:, :, 0, 0], "match the reference", capsys=capsys)
-    _fails(check_attention_to_cue, lambda w, i, c: w[:, 0, 0, 0], "the shape of", capsys=capsys)
+def _norm_based(weights, transformed):
+    contributions = weights * transformed.norm(dim=-1)[:, None, :]  # (heads, T_q, T_k)
+    return contributions / contributions.sum(dim=-1, keepdim=True)
+
+
+def _norm_based_loop(weights, transformed):
+    num_heads, num_tokens, _ = weights.shape
+    result = torch.zeros_like(weights)
+    for h in range(num_heads):
+        for i in range(num_tokens):
+            lengths = torch.stack([(weights[h, i, j] * transformed[h, j]).norm()
+                                   for j in range(num_tokens)])
+            result[h, i] = lengths / lengths.sum()
+    return result
+
+
+@pytest.mark.parametrize("answer", [_norm_based, _norm_based_loop])
+def test_norm_based_accepts_right_answers(answer, capsys):
+    _passes(check_norm_based_weights, answer, capsys)
+
+
+@pytest.mark.parametrize(("answer", "fragments"), [
+    (lambda w, f: w.clone(), ["differ from the attention weights", "a large weight on a short"]),
+    (lambda w, f: w * f.norm(dim=-1)[:, None, :], ["every row sums to 1", "Divide each row"]),
+    (lambda w, f: (c := w * f.norm(dim=-1)[:, None, :]) / c.sum(-2, keepdim=True),
+     ["every row (one query) sums to 1", "row i is query i"]),
+    (lambda w, f: (c := w * f.norm(dim=-1)[:, None, :] ** 2) / c.sum(-1, keepdim=True),
+     ["lengths of the vectors", "not its square"]),
+    (lambda w, f: (c := w * f.norm(dim=-1)[:, :, None]) / c.sum(-1, keepdim=True),
+     ["differ from the attention weights"]),  # the query's length cancels in each row
+    (lambda w, f: f.norm(dim=1), ["the shape of"]),
+])
+def test_norm_based_explains_typical_mistakes(answer, fragments, capsys):
+    _fails(check_norm_based_weights, answer, *fragments, capsys=capsys)
+
+
+# --- 9.1 the prediction -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0.7, 0.75, 0.77, 0.85])
+def test_accuracy_prediction_near_the_bag_of_words(value, capsys):
+    _passes(check_predicted_accuracy_without_positions, lambda: value, capsys)
+
+
+@pytest.mark.parametrize(("value", "fragments"), [
+    (0.98, ["which of the two cue words", "chapter 1's average"]),
+    (0.9, ["which of the two cue words"]),
+    (0.5, ["two cues agree"]),
+    (0.125, ["two cues agree"]),
+    (77, ["a fraction between 0 and 1", "divide a percentage by 100"]),
+    (-0.2, ["a fraction between 0 and 1"]),
+    ("77%", ["a number"]),
+])
+def test_accuracy_prediction_explains(value, fragments, capsys):
+    _fails(check_predicted_accuracy_without_positions, lambda: value, *fragments, capsys=capsys)
+
+
+def test_the_band_contains_the_bag_of_words_level():
+    from attention_book.exercises.ch09 import PREDICTION_BAND
+
+    low, high = PREDICTION_BAND
+    assert low < 0.772 < high  # chapter 9's expected accuracy of a bag of words
+
+
+# --- 9.2 the property test ------------------------------------------------------------------------
+
+
+def _order_test(*, all_pairs=True, exact=False, move_word=False, atol=1e-6):
+    def is_order_blind(model, token_ids, word_index):
+        num_tokens = token_ids.numel()
+        lengths, where = torch.tensor([num_tokens]), torch.tensor([word_index])
+        with torch.no_grad():
+            reference = model(token_ids[None], lengths, where)
+            pairs = [(i, j) for i in range(num_tokens) for j in range(i + 1, num_tokens)]
+            if not all_pairs:
+                pairs = pairs[:1]
+            for i, j in pairs:
+                if not move_word and word_index in (i, j):
+                    continue
+                swapped = token_ids.clone()
+                swapped[[i, j]] = token_ids[[j, i]]
+                logits = model(swapped[None], lengths, where)
+                same = torch.equal(logits, reference) if exact else torch.allclose(
+                    logits, reference, atol=atol)
+                if not same:
+                    return False
+        return True
+
+    return is_order_blind
+
+
+def test_order_blind_accepts_a_right_test(capsys):
+    _passes(check_is_order_blind, _order_test(), capsys)
+
+
+def test_order_blind_accepts_a_tensor_verdict(capsys):
+    right = _order_test()
+    _passes(check_is_order_blind, lambda m, t, w: torch.tensor(right(m, t, w)), capsys)
+
+
+@pytest.mark.parametrize(("answer", "fragments"), [
+    (_order_test(all_pairs=False), ["notices that order matters", "try every pair"]),
+    (_order_test(move_word=True), ["order-blind", "the ambiguous word moved"]),
+    (_order_test(atol=0.5), ["notices that order matters"]),
+    (lambda m, t, w: "yes", ["returns True or False"]),
+])
+def test_order_blind_explains_typical_mistakes(answer, fragments, capsys):
+    _fails(check_is_order_blind, answer, *fragments, capsys=capsys)
+
+
+def test_the_checker_models_are_what_their_names_say():
+    """The premise of the property test: without positions the classifier is order-blind."""
+    from attention_book.exercises.ch09 import _models, _order_blind
+
+    sentence = torch.tensor([3, 3, 5, 7, 2, 9, 4])
+    verdicts = {name: _order_blind(model, sentence, 3) for name, model in _models(12, 4)}
+    assert verdicts == {
+        "an averaging classifier": True,
+        "an attention classifier without positions": True,
+        "an attention classifier with positions": False,
+        "a model that reads the last word": False,
+        "a model that reads the word just before the ambiguous one": False,
+    }
+
+
+# --- 9.3 attention by offset ----------------------------------------------------------------------
+
+
+def _by_offset_right(weights, word_index, lengths, offsets):
+    rows = torch.arange(weights.shape[0])
+    from_word = weights[rows, :, word_index]  # (B, num_heads, T)
+    means = []
+    for offset in offsets:
+        position = word_index + offset
+        real = (position >= 0) & (position < lengths)
+        means.append(from_word[rows[real], :, position[real]].mean())
+    return torch.stack(means)
+
+
+def _by_offset_wrapping(weights, word_index, lengths, offsets):
+    rows = torch.arange(weights.shape[0])
+    from_word = weights[rows, :, word_index]
+    return torch.stack([from_word[rows, :, (word_index + d) % weights.shape[-1]].mean()
+                        for d in offsets])
+
+
+def test_attention_by_offset(capsys):
+    _passes(check_attention_by_offset, _by_offset_right, capsys)
+    _fails(check_attention_by_offset,
+           lambda w, i, n, o: _by_offset_right(w, i, n, [-d for d in o]),
+           "d positions after", "A negative offset", capsys=capsys)
+    _fails(check_attention_by_offset, _by_offset_wrapping, "a real token count",
+           "counts from the end", capsys=capsys)
+    _fails(check_attention_by_offset,
+           lambda w, i, n, o: _by_offset_right(w.transpose(-2, -1), i, n, o),
+           "the values of the mean weights by offset", capsys=capsys)
+    _fails(check_attention_by_offset,
+           lambda w, i, n, o: _by_offset_right(w, i, n, o)[None], "the shape of", capsys=capsys)

@@ -90,6 +90,9 @@ class AttentionClassifier(nn.Module):
         d_model: embedding size and attention width.
         num_heads: attention heads; must divide ``d_model``.
         context_length: the longest sentence accepted.
+        positional_encoding: add the sinusoidal positional encoding to the embeddings;
+            ``False`` builds the ablation of chapter 9's exercise, a model that cannot
+            tell where a word stands.
         dtype: the floating dtype of the parameters (chapter 9 trains in ``torch.float64``,
             so that its numbers are the same on every CPU).
         device: where to create the parameters.
@@ -106,10 +109,14 @@ class AttentionClassifier(nn.Module):
 
     def __init__(self, vocab_size: int, num_classes: int, d_model: int = 32,
                  num_heads: int = 4, context_length: int = 16, *,
+                 positional_encoding: bool = True,
                  dtype: torch.dtype | None = None, device: torch.device | str | None = None):
         super().__init__()
+        if not isinstance(positional_encoding, bool):
+            raise TypeError(f"positional_encoding must be True or False, got {positional_encoding!r}")
         factory = {"device": device, "dtype": dtype}
         self.context_length = context_length
+        self.positional_encoding = positional_encoding
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=0, **factory)
         encoding = sinusoidal_positional_encoding(
             context_length, d_model, dtype=dtype, device=device
@@ -124,7 +131,9 @@ class AttentionClassifier(nn.Module):
                 return_weights: bool = False):
         _check_batch(token_ids, lengths, word_index, self.context_length)
         num_tokens = token_ids.size(1)
-        x = self.embedding(token_ids) + self.positions[:num_tokens]  # (B, T, d_model)
+        x = self.embedding(token_ids)  # (B, T, d_model)
+        if self.positional_encoding:
+            x = x + self.positions[:num_tokens]  # (B, T, d_model)
         mask = padding_mask(lengths, num_tokens)  # (B, 1, 1, T)
         context, attn_weights = self.attention(x, mask, return_weights=True)
         # context (B, T, d_model), attn_weights (B, num_heads, T, T)

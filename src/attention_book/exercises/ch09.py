@@ -2,77 +2,229 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
+from torch import nn
 
-from ._feedback import call, checker, expect_close, expect_shape, fail, passed
+from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
-__all__ = ["check_mean_pool", "check_gather_word", "check_attention_to_cue"]
+__all__ = [
+    "check_predicted_accuracy_without_positions",
+    "check_is_order_blind",
+    "check_attention_by_offset",
+]
 
-
-@checker
-def check_mean_pool(fn) -> None:
-    """Check ``fn(x, lengths)`` averages the real (unpadded) token vectors of each sentence.
-
-    Taught in chapter 9.
-    """
-    hint = ("build a (B, T, 1) mask of real tokens, e.g. torch.arange(T) < lengths[:, None], "
-            "sum x * mask over the token dim and divide by lengths[:, None]")
-    generator = torch.Generator().manual_seed(5)
-    x = torch.randn(3, 6, 4, generator=generator)  # (B, T, d)
-    lengths = torch.tensor([6, 2, 4])
-    expected = torch.stack([x[row, :length].mean(dim=0) for row, length in enumerate(lengths)])
-    actual = call(fn, x.clone(), lengths.clone())
-    expect_shape("the pooled vectors", actual, expected.shape, hint="one vector per sentence")
-    if torch.allclose(actual.detach().to(x.dtype), x.mean(dim=1)):
-        fail("padding is left out of the average", expected="the mean over the first "
-             "lengths[b] tokens", actual="the mean over all T positions, padding included",
-             hint=hint)
-    expect_close("the pooled vectors", actual, expected, hint=hint)
-    passed("every sentence is averaged over its own words only.")
+#: The band a prediction of the no-position model's test accuracy must fall in: around the
+#: bag-of-words level that chapter 9 computes (77 %), which the model cannot beat on average.
+PREDICTION_BAND = (0.70, 0.85)
 
 
 @checker
-def check_gather_word(fn) -> None:
-    """Check ``fn(context, word_index)`` picks, for each sentence, the context vector at
-    position ``word_index[b]``.
+def check_predicted_accuracy_without_positions(fn) -> None:
+    """Check the prediction ``fn()`` of the test accuracy of chapter 9's model without positions.
 
-    Taught in chapter 9.
+    Without a positional encoding the ambiguous word's attention sees a bag of words: it
+    cannot tell the nearer cue from the farther one, so the accuracy falls to about the
+    bag-of-words level (77 % on the test split). A prediction within
+    :data:`PREDICTION_BAND` passes.
+
+    Taught in chapter 9 (exercise 9.1).
     """
-    hint = "index two dims at once: context[torch.arange(B), word_index] has shape (B, d)"
-    context = torch.arange(2 * 5 * 3, dtype=torch.float32).reshape(2, 5, 3)  # (B, T, d)
-    word_index = torch.tensor([3, 1])
-    expected = torch.stack([context[0, 3], context[1, 1]])
-    actual = call(fn, context.clone(), word_index.clone())
-    if isinstance(actual, torch.Tensor) and actual.shape == (2, 2, 3):
-        fail("one vector per sentence", expected=(2, 3), actual=tuple(actual.shape),
-             hint="context[:, word_index] takes every index for every sentence; pair the rows "
-                  "with torch.arange(B)")
-    expect_shape("the gathered vectors", actual, expected.shape, hint=hint)
-    expect_close("the gathered vectors", actual, expected, hint=hint)
-    passed("the head will read exactly the ambiguous word's context vector.")
+    low, high = PREDICTION_BAND
+    value = call(fn)
+    expect_true("the prediction is a number", isinstance(value, numbers.Real)
+                and not isinstance(value, bool), expected="a float such as 0.5",
+                actual=type(value).__name__, hint="Return the accuracy you expect as a float.")
+    value = float(value)
+    if 1 < value <= 100:
+        fail("the prediction is a fraction between 0 and 1", expected="for example 0.6 for 60 %",
+             actual=value, hint="Write the accuracy as a fraction: divide a percentage by 100.")
+    expect_true("the prediction is a fraction between 0 and 1", 0 <= value <= 1,
+                expected="a number from 0 to 1", actual=value,
+                hint="An accuracy is the fraction of test sentences classified right.")
+    if value > high:
+        fail("your prediction survives the experiment", expected="a prediction that does",
+             actual=f"{value:.0%}",
+             hint="Without positions, what could tell the model which of the two cue words "
+                  "stands nearer to the ambiguous word? Compare with chapter 1's average, which "
+                  "also sees only which words occur.")
+    if value < low:
+        fail("your prediction survives the experiment", expected="a prediction that does",
+             actual=f"{value:.0%}",
+             hint="The model still sees which words the sentence contains. In the sentences "
+                  "whose two cues agree (section 9.1 counts them) that alone gives the answer; "
+                  "what can it do in the others?")
+    passed(f"a prediction of {value:.0%}: without positions the model sees a bag of words, so "
+           "it should land near the bag-of-words level of section 9.1 (77%).")
+
+
+# --------------------------------------------------------------------------- exercise 9.2
+
+
+class _WatchesPosition(nn.Module):
+    """An order-blind average plus what stands at one position: order matters only there."""
+
+    def __init__(self, vocab_size: int, num_classes: int, position: str):
+        super().__init__()
+        self.position = position
+        self.embedding = nn.Embedding(vocab_size, 8, padding_idx=0, dtype=torch.float64)
+        self.head = nn.Linear(8, num_classes, dtype=torch.float64)
+
+    def forward(self, token_ids, lengths, word_index):
+        x = self.embedding(token_ids)  # (B, T, 8)
+        real = (torch.arange(token_ids.shape[1]) < lengths[:, None]).to(x.dtype)  # (B, T)
+        average = (x * real[..., None]).sum(1) / lengths[:, None]  # (B, 8)
+        rows = torch.arange(token_ids.shape[0])
+        where = lengths - 1 if self.position == "last" else (word_index - 1).clamp(min=0)
+        return self.head(average + 3 * x[rows, where])  # (B, num_classes)
+
+
+def _order_blind(model: nn.Module, token_ids: torch.Tensor, word_index: int) -> bool:
+    """The truth, by brute force: no swap of two words other than the ambiguous one matters."""
+    num_tokens = token_ids.numel()
+    lengths, where = torch.tensor([num_tokens]), torch.tensor([word_index])
+    with torch.no_grad():
+        reference = model(token_ids[None], lengths, where)  # (1, num_classes)
+        for i in range(num_tokens):
+            for j in range(i + 1, num_tokens):
+                if word_index in (i, j):
+                    continue
+                swapped = token_ids.clone()
+                swapped[[i, j]] = token_ids[[j, i]]
+                if not torch.allclose(model(swapped[None], lengths, where), reference, atol=1e-6):
+                    return False
+    return True
+
+
+def _models(vocab_size: int, num_classes: int):
+    """(name, model) for the checker: order-blind models and order-sensitive ones."""
+    from ..train import AttentionClassifier, AveragingClassifier
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(90)
+        built = [
+            ("an averaging classifier", AveragingClassifier(vocab_size, num_classes, d_model=8,
+                                                             dtype=torch.float64)),
+            ("an attention classifier without positions",
+             AttentionClassifier(vocab_size, num_classes, d_model=8, num_heads=2,
+                                 positional_encoding=False, dtype=torch.float64)),
+            ("an attention classifier with positions",
+             AttentionClassifier(vocab_size, num_classes, d_model=8, num_heads=2,
+                                 dtype=torch.float64)),
+            ("a model that reads the last word", _WatchesPosition(vocab_size, num_classes, "last")),
+            ("a model that reads the word just before the ambiguous one",
+             _WatchesPosition(vocab_size, num_classes, "before")),
+        ]
+    for _, model in built:
+        model.eval()
+    return built
 
 
 @checker
-def check_attention_to_cue(fn) -> None:
-    """Check ``fn(weights, word_index, cue_index)`` returns ``weights[b, h, word_index[b],
-    cue_index[b]]`` for every sentence ``b`` and head ``h``.
+def check_is_order_blind(fn) -> None:
+    """Check the property test ``fn(model, token_ids, word_index)``.
 
-    Taught in chapter 9.
+    ``token_ids`` is one sentence, a ``(T,)`` tensor of ids without padding, and
+    ``word_index`` the position of the ambiguous word. ``fn`` returns True when swapping any
+    two of the *other* words leaves the model's logits unchanged (within 1e-6), False
+    otherwise. The checker runs it on order-blind models (the averaging baseline, the
+    attention classifier without positions) and on order-sensitive ones, among them models
+    that notice only some swaps and a sentence whose first two words are the same.
+
+    Taught in chapter 9 (exercise 9.2).
     """
-    hint = ("rows = torch.arange(B); weights[rows, :, word_index] has shape (B, heads, T); "
-            "index it again with [rows, :, cue_index]")
-    generator = torch.Generator().manual_seed(6)
-    weights = torch.softmax(torch.randn(3, 2, 5, 5, generator=generator), dim=-1)
-    word_index = torch.tensor([0, 4, 2])
-    cue_index = torch.tensor([2, 1, 3])
-    expected = torch.stack([weights[b, :, word_index[b], cue_index[b]] for b in range(3)])
-    actual = call(fn, weights.clone(), word_index.clone(), cue_index.clone())
-    expect_shape("the weights to the cue", actual, expected.shape,
-                 hint="one weight per sentence and head: (B, num_heads)")
-    swapped = torch.stack([weights[b, :, cue_index[b], word_index[b]] for b in range(3)])
-    if torch.allclose(actual.detach().to(swapped.dtype), swapped):
-        fail("the weight goes *from* the word *to* the cue", expected="weights[b, h, word, cue]",
-             actual="weights[b, h, cue, word] (from the cue to the word)",
-             hint="rows are queries (the word attending), columns are keys (the cue)")
-    expect_close("the weights to the cue", actual, expected, hint=hint)
-    passed("you can read how much each head of the ambiguous word looks at its cue.")
+    vocab_size, num_classes = 12, 4
+    sentences = (  # (token ids, word_index): repeated words, the word in the middle or at an end
+        (torch.tensor([3, 3, 5, 7, 2, 9, 4]), 3),
+        (torch.tensor([6, 6, 8, 1, 10, 11]), 0),
+        (torch.tensor([2, 2, 4, 9, 5, 7]), 5),
+    )
+    for name, model in _models(vocab_size, num_classes):
+        for token_ids, word_index in sentences:
+            blind = _order_blind(model, token_ids, word_index)
+            verdict = call(fn, model, token_ids.clone(), word_index,
+                           prop=f"your test runs on {name}")
+            if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
+                verdict = bool(verdict.item())
+            expect_true(f"your test returns True or False ({name})", isinstance(verdict, bool),
+                        expected="a bool", actual=type(verdict).__name__,
+                        hint="Return True when no swap changes the logits, False otherwise.")
+            sentence = f"{name}, sentence {token_ids.tolist()} with the word at {word_index}"
+            if blind and not verdict:
+                fail(f"your test calls {sentence} order-blind", expected=True, actual=False,
+                     hint="No swap of two other words changes this model's logits here, yet your "
+                          "test says that order matters. Two usual causes: the ambiguous word "
+                          "moved (swap only the other words, so that word_index still points at "
+                          "it), or the logits were compared exactly (adding numbers in another "
+                          "order changes the last bits, so compare within 1e-6).")
+            if not blind and verdict:
+                fail(f"your test notices that order matters to {sentence}", expected=False,
+                     actual=True,
+                     hint="Some swaps change this model's logits, but your test did not try "
+                          "them. A swap of two equal words changes nothing, and some models "
+                          "notice only particular positions: try every pair of the other "
+                          "words (a sentence has only a few).")
+    passed("your test tells order-blind models from order-sensitive ones, including models that "
+           "notice only a few of the swaps.")
+
+
+# --------------------------------------------------------------------------- exercise 9.3
+
+
+def _by_offset(weights, word_index, lengths, offsets, *, sign=1, keep_out_of_range=False):
+    rows = torch.arange(weights.shape[0])
+    from_word = weights[rows, :, word_index]  # (B, num_heads, T)
+    result = []
+    for offset in offsets:
+        position = word_index + sign * offset  # (B,)
+        real = (position >= 0) & (position < lengths)
+        if keep_out_of_range:
+            real = torch.ones_like(real)
+        picked = from_word[rows, :, position % weights.shape[-1]]  # (B, num_heads), -1 wraps
+        result.append(picked[real].mean() if real.any() else torch.tensor(float("nan")))
+    return torch.stack(result)
+
+
+@checker
+def check_attention_by_offset(fn) -> None:
+    """Check ``fn(weights, word_index, lengths, offsets)``: mean attention at each offset.
+
+    ``weights`` is ``(B, num_heads, T, T)``, ``word_index`` and ``lengths`` are ``(B,)``, and
+    ``offsets`` a list of ints. For each offset ``d`` the result holds the weight from the
+    ambiguous word (query ``word_index[b]``) to the token at ``word_index[b] + d``, averaged
+    over the heads and over the sentences in which that position is a real token
+    (``0 <= word_index[b] + d < lengths[b]``). Shape ``(len(offsets),)``.
+
+    Taught in chapter 9 (exercise 9.3).
+    """
+    generator = torch.Generator().manual_seed(9)
+    weights = torch.softmax(torch.randn(4, 2, 6, 6, generator=generator), dim=-1)
+    word_index = torch.tensor([0, 3, 5, 2])
+    lengths = torch.tensor([4, 6, 6, 3])
+    offsets = [-2, -1, 1, 2]
+    expected = _by_offset(weights, word_index, lengths, offsets)
+    actual = call(fn, weights.clone(), word_index.clone(), lengths.clone(), list(offsets))
+    expect_shape("the result", actual, expected.shape,
+                 hint="One mean weight per offset: a tensor of shape (len(offsets),).")
+    actual = actual.detach().to(expected.dtype)
+    if torch.allclose(actual, _by_offset(weights, word_index, lengths, offsets, sign=-1),
+                      atol=1e-6):
+        fail("offset d means the token d positions after the ambiguous word",
+             expected="position word_index + d", actual="position word_index - d",
+             hint="A negative offset is a word before the ambiguous word, a positive one a word "
+                  "after it.")
+    if torch.isnan(actual).any() or torch.allclose(
+            actual, _by_offset(weights, word_index, lengths, offsets, keep_out_of_range=True),
+            atol=1e-6):
+        fail("only sentences in which the position is a real token count",
+             expected="the mean over sentences with 0 <= word_index + d < length",
+             actual="a mean that includes positions outside the sentence" if not
+             torch.isnan(actual).any() else "NaN",
+             hint="Leave out the sentences where word_index + d falls before the first word or "
+                  "on padding; a negative index in Python counts from the end, which is not the "
+                  "word you want.")
+    expect_close("the mean weights by offset", actual, expected,
+                 hint="For each offset, check which row and which column of the weights you read "
+                      "(the ambiguous word is the query) and which sentences you average over.")
+    passed("you can see how far from the ambiguous word its attention goes.")
