@@ -71,6 +71,7 @@ c = get_config()  # noqa: F821 - provided by nbgrader when it loads this file
 '''
 
 _LOG_RECORD = re.compile(r"^\[(?:(?P<app>[\w.-]+) \| )?(?P<level>[A-Z]+)\] ?(?P<message>.*)$")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(: .*)?$")
 _GENERIC_ERRORS = ("Please see the the above traceback", "Please see the above traceback",
                    "There was an error processing assignment")
 
@@ -108,16 +109,23 @@ def nbgrader_errors(log: str) -> list[str]:
         elif line.strip():
             records.append(("OTHER", line, []))
     for level, message, continuation in records:
-        body = [line.strip() for line in continuation if line.strip()]
+        body = [line.strip() for line in continuation
+                if line.strip() and not set(line.strip()) <= set("^~ ")]
         if level in {"ERROR", "CRITICAL"}:
             if message.startswith("Traceback") or (body and body[0].startswith("File ")):
-                cause = body[-1] if body else message
+                raised = [line for line in body if _EXCEPTION_LINE.match(line)]
+                cause = raised[-1] if raised else body[-1] if body else message
             elif any(generic in message for generic in _GENERIC_ERRORS) and not body:
                 continue
             else:
                 cause = " ".join([message, *body]) if body else message
-        elif level == "OTHER" and re.match(r"^\w+(Error|Exception): ", message):
-            cause = message  # an uncaught exception printed by Python itself
+        elif (level == "OTHER" or any(line.startswith("Traceback (most recent call last)")
+                                      for line in [message, *body])):
+            # an uncaught exception that Python printed itself, inside or after a record
+            raised = [line for line in [message, *body] if _EXCEPTION_LINE.match(line)]
+            if not raised:
+                continue
+            cause = raised[-1]
         else:
             continue
         if cause not in causes:

@@ -47,6 +47,7 @@ import ast
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 __all__ = ["Finding", "ScanReport", "exercise_of", "scan_notebook", "scan_source"]
 
@@ -163,6 +164,7 @@ def exercise_of(grade_id: str) -> str:
 # --------------------------------------------------------------------------- names
 
 
+@lru_cache(maxsize=1)
 def checker_names() -> frozenset[str]:
     """Every name a check cell imports from ``attention_book.exercises``."""
     from .. import exercises
@@ -173,6 +175,7 @@ def checker_names() -> frozenset[str]:
     return frozenset(exported)
 
 
+@lru_cache(maxsize=1)
 def healthy_specimens() -> frozenset[str]:
     """The names of ``attention_book.bug_zoo``'s healthy implementations."""
     from .. import bug_zoo
@@ -411,6 +414,8 @@ class _CellScanner(ast.NodeVisitor):
             self.flag(node, f"{reason} {node.id}()")
         elif isinstance(use, ast.Compare):
             return
+        elif isinstance(use, ast.comprehension | ast.For) and use.iter is call:
+            return  # iterating over the names reads them
         else:
             self.flag(node, f"hands {node.id}() to other code, which can rebind any name")
 
@@ -514,9 +519,14 @@ def _python_source(source: str) -> tuple[str, list[int]]:
             lines[number - 1] = "#" + lines[number - 1]
         return "\n".join(lines), magic_lines
     try:
-        return TransformerManager().transform_cell(source), []
+        return _transformer(TransformerManager).transform_cell(source), []
     except Exception:  # noqa: BLE001 - let ast.parse report the syntax error
         return source, []
+
+
+@lru_cache(maxsize=1)
+def _transformer(factory):
+    return factory()
 
 
 def _parse(source: str) -> tuple[ast.AST | None, list[int]]:
