@@ -42,6 +42,11 @@ NB ?= chapters/*.ipynb
 execute: $(STAMP)
 	for nb in $(NB); do tools/with_numerics pinned $(BIN)/jupyter execute --inplace $$nb || exit 1; done
 
+## practice: regenerate practice/NN_name.ipynb (the self-learner's version of each chapter)
+.PHONY: practice
+practice: $(STAMP)
+	$(BIN)/python -m attention_book.classroom.practice
+
 ## assignments: nbgrader student versions of the chosen chapters in a course folder outside
 ## the clone, e.g. make assignments COURSE_DIR=$HOME/attention-course CHAPTERS="02 04"
 ## (CHAPTERS empty: every chapter). Safe to rerun on a running course: your
@@ -64,6 +69,15 @@ feedback: $(STAMP)
 
 grades: $(STAMP)
 	$(CLASSROOM) export --course-dir "$(COURSE_DIR)"
+
+## test-gpu: the device tests on CUDA (not part of `make test`: CI has no GPU). Fails, with a
+## message, on a machine where PyTorch sees no CUDA device; never passes silently.
+.PHONY: test-gpu
+test-gpu: $(STAMP)
+	@$(BIN)/python -c "import sys, torch; ok = torch.cuda.is_available(); \
+	print('CUDA device:', torch.cuda.get_device_name(0) if ok else 'none (this target needs a GPU)'); \
+	sys.exit(0 if ok else 1)"
+	$(BIN)/python -m pytest tests/test_devices.py --device cuda
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

@@ -69,30 +69,36 @@ def test_checker_feedback_is_actionable(name, capsys):
     checker = getattr(exercises, name)
     required = [p for p in inspect.signature(checker).parameters.values()
                 if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    with pytest.raises(exercises.ExerciseFailure) as failure:
-        checker(*[_forgot_return] * len(required))
-    message = str(failure.value)
-    for part in ("Not yet:", "expected:", "actual:", "hint:"):
-        assert part in message, message
-    assert message in capsys.readouterr().out, "the learner sees the feedback printed"
+    assert checker(*[_forgot_return] * len(required)) is False
+    message = capsys.readouterr().out
+    for part in ("Not yet.", "expected:", "actual:", "hint:"):
+        assert message.count(part) == 1, message
 
 
 # --------------------------------------------------------------------------- the rules fail
 
+ANSWER = ('def f(x):\n    """Divide each row of x by its sum."""\n'
+          '    ### BEGIN SOLUTION\n    return x / x.sum(dim=-1, keepdim=True)\n'
+          '    ### END SOLUTION')
+CHECK = ("from attention_book.exercises import check_row_normalise\n\n"
+         "assert check_row_normalise(f)\n"
+         "### BEGIN HIDDEN TESTS\n"
+         "import torch as _torch\n\n"
+         "_rows = f(_torch.tensor([[1.0, 3.0]]))\n"
+         "assert _rows.tolist() == [[0.25, 0.75]]\n"
+         "### END HIDDEN TESTS")
 
-def _exercise(number: int, points: int, chapter: int = 1) -> list:
+
+def _exercise(number: int, points: int, chapter: int = 1, kind: str = "variant") -> list:
     prompt = new_markdown_cell(
-        f":::{{admonition}} Exercise {chapter}.{number} — Normalise ({points} points)\n"
-        ":class: exercise\nWrite `f(x)`.\n:::")
-    answer = new_code_cell("def f(x):\n    ### BEGIN SOLUTION\n    return x / x.sum()\n"
-                           "    ### END SOLUTION")
+        f"> **Exercise {chapter}.{number} — Normalise ({points} points)**\n>\n> Write `f(x)`.")
+    prompt.metadata["exercise"] = {"kind": kind}
+    answer = new_code_cell(ANSWER)
     answer.metadata["tags"] = ["hide-input"]
     answer.metadata["nbgrader"] = {
         "grade": False, "grade_id": f"ch{chapter:02d}-ex{number}-answer", "locked": False,
         "schema_version": 3, "solution": True, "task": False}
-    check = new_code_cell("from attention_book.exercises import check_row_normalise\n\n"
-                          "check_row_normalise(f)\n### BEGIN HIDDEN TESTS\nassert f\n"
-                          "### END HIDDEN TESTS")
+    check = new_code_cell(CHECK)
     check.metadata["nbgrader"] = {
         "grade": True, "grade_id": f"ch{chapter:02d}-ex{number}-check", "locked": True,
         "points": points, "schema_version": 3, "solution": False, "task": False}
@@ -101,15 +107,15 @@ def _exercise(number: int, points: int, chapter: int = 1) -> list:
 
 def _good_chapter() -> nbformat.NotebookNode:
     cells = [new_markdown_cell("# 1. A chapter")]
-    for number, points in [(1, 2), (2, 3), (3, 5)]:
-        cells += _exercise(number, points)
+    for number, points, kind in [(1, 2, "practice"), (2, 3, "variant"), (3, 5, "bug-hunt")]:
+        cells += _exercise(number, points, kind=kind)
     return new_notebook(cells=cells)
 
 
 def _written(number: int, points: int, body: str) -> list:
     prompt = new_markdown_cell(
-        f":::{{admonition}} Exercise 1.{number} — Explain ({points} points)\n"
-        ":class: exercise\nWhy?\n:::")
+        f"> **Exercise 1.{number} — Explain ({points} points)**\n>\n> Why?")
+    prompt.metadata["exercise"] = {"kind": "prediction"}
     answer = new_markdown_cell(body)
     answer.metadata["nbgrader"] = {
         "grade": True, "grade_id": f"ch01-ex{number}-written", "locked": False,
@@ -119,11 +125,15 @@ def _written(number: int, points: int, body: str) -> list:
 
 def test_a_good_chapter_passes():
     assert exercise_format_problems(_good_chapter(), 1) == []
+    summary = summarise_exercises(_good_chapter(), 1)
+    assert (summary.total, summary.transfer) == (10, 8)
 
 
-def test_a_written_answer_in_a_dropdown_passes():
+def test_a_written_answer_in_details_passes():
     notebook = _good_chapter()
-    notebook.cells[-3:] = _written(3, 5, ":::{dropdown} Model answer\nBecause.\n:::")
+    notebook.cells[-3:] = _written(
+        3, 5, "<details><summary>Model answer and marking guide</summary>\n\nBecause.\n\n"
+              "</details>")
     assert exercise_format_problems(notebook, 1) == []
     assert summarise_exercises(notebook, 1).written == {3: 5.0}
 
@@ -134,37 +144,73 @@ def _problems_after(edit) -> list[str]:
     return exercise_format_problems(notebook, 1)
 
 
+def _set(cell_index: int, source: str):
+    return lambda nb: setattr(nb.cells[cell_index], "source", source)
+
+
+def _hidden(code: str) -> str:
+    return CHECK.split("### BEGIN HIDDEN TESTS")[0] + f"### BEGIN HIDDEN TESTS\n{code}\n### END HIDDEN TESTS"
+
+
 @pytest.mark.parametrize(("edit", "expected"), [
     (lambda nb: nb.cells[2].metadata.update(tags=[]), "hide-input"),
-    (lambda nb: setattr(nb.cells[2], "source", "def f(x):\n    return x"), "BEGIN SOLUTION"),
+    (_set(2, "def f(x):\n    return x"), "BEGIN SOLUTION"),
+    (_set(2, "### BEGIN SOLUTION\ndef f(x):\n    return x\n### END SOLUTION"), "sit above"),
+    (_set(2, "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION"),
+     "docstring"),
     (lambda nb: nb.cells[3].metadata["nbgrader"].update(grade_id="ch01-ex1-answer"),
      "grade_id also used"),
     (lambda nb: nb.cells[3].metadata["nbgrader"].update(locked=False), "locked"),
     (lambda nb: nb.cells[3].metadata["nbgrader"].update(points=0), "points > 0"),
-    (lambda nb: setattr(nb.cells[3], "source", "assert f(1) == 1"), "calls a checker"),
-    (lambda nb: setattr(nb.cells[3], "source", "check_nothing_real(f)"), "not in attention"),
-    (lambda nb: setattr(nb.cells[3], "source",
-                        "### BEGIN HIDDEN TESTS\ncheck_row_normalise(f)\n### END HIDDEN TESTS"),
-     "outside hidden tests"),
+    (_set(3, _hidden("assert f").replace("assert check_row_normalise(f)", "f(1)")),
+     "asserts a checker"),
+    (_set(3, _hidden("assert f").replace("assert check_row_normalise(f)",
+                                         "check_row_normalise(f)")), "asserts a checker"),
+    (_set(3, _hidden("assert f").replace("from attention_book.exercises import "
+                                         "check_row_normalise\n", "")), "import check_row"),
+    (_set(3, _hidden("assert f").replace("check_row_normalise", "check_nothing_real")),
+     "not in attention"),
+    (_set(3, _hidden("assert f").replace("(f)", "(g)")), "does not define"),
+    (_set(3, CHECK.split("### BEGIN")[0]), "hidden-test region"),
+    (_set(3, _hidden("assert f(inputs).sum() == 1")), "notebook globals ['inputs']"),
+    (_set(3, _hidden("import torch\nassert f(torch.ones(1, 2)).sum() == 1")), "bind ['torch']"),
+    (_set(3, _hidden("_y = f\n_y")), "no assert"),
+    (_set(3, _hidden("import torch as _t\n_t.testing.assert_close(f(_t.ones(1)), _t.ones(1))\n"
+                     "assert f")), "replaced"),
+    (_set(3, _hidden("assert check_row_normalise(f)")), "replaced"),
     (lambda nb: nb.cells[3].metadata["nbgrader"].update(points=3), "the prompt says 2"),
     (lambda nb: nb.cells[3].metadata["nbgrader"].update(grade_id="ex1-check"), "grade_id should"),
     (lambda nb: nb.cells.__delitem__(3), "no check cell"),
     (lambda nb: nb.cells.__delitem__(1), "no prompt"),
+    (_set(1, ":::{admonition} Exercise 1.1 — Normalise (2 points)\n:class: exercise\n:::"),
+     "a blockquote"),
+    (lambda nb: nb.cells[1].metadata.pop("exercise"), "exercise.kind"),
+    (lambda nb: nb.cells[1].metadata["exercise"].update(kind="retype"), "exercise.kind"),
     (lambda nb: nb.cells.append(new_markdown_cell("```\n### BEGIN SOLUTION\n```")),
      "no nbgrader metadata"),
-    (lambda nb: nb.cells.extend(_written(4, 5, "Because.")), "dropdown"),
+    (lambda nb: nb.cells.extend(_written(4, 5, "Because.")), "details"),
     (lambda nb: nb.cells.extend(_exercise(4, 1) + _exercise(5, 2) + _exercise(6, 2)
                                 + _exercise(7, 5)), "7 graded exercises"),
     (lambda nb: nb.cells.extend(_exercise(4, 1)), "not a multiple of 5"),
     (lambda nb: nb.cells.__setitem__(slice(4, None), []), "1 graded exercises"),
+    (lambda nb: [nb.cells[i].metadata["exercise"].update(kind="practice") for i in (4, 7)],
+     "transfer tasks carry 0 of 10"),
 ])
 def test_each_rule_catches_its_mistake(edit, expected):
     problems = _problems_after(edit)
     assert any(expected in problem for problem in problems), problems
 
 
+def test_hidden_tests_may_read_the_answer_and_builtins_only():
+    from attention_book.classroom.format import hidden_test_problems
+
+    good = "import torch as _torch\n_out = [f(_torch.ones(2)) for _ in range(2)]\nassert len(_out) == 2"
+    assert hidden_test_problems(good, {"f"}) == []
+    assert hidden_test_problems(good, set()) != []
+
+
 def test_chapter_zero_may_have_one_exercise_of_any_points():
-    notebook = new_notebook(cells=_exercise(1, 2, chapter=0))
+    notebook = new_notebook(cells=_exercise(1, 2, chapter=0, kind="practice"))
     assert exercise_format_problems(notebook, 0) == []
     assert exercise_format_problems(new_notebook(cells=[]), 0) != []
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from attention_book.exercises import ExerciseFailure, ch01, ch02, ch03
+from attention_book.exercises import ch01, ch02, ch03
 
 # ---------------------------------------------------------------- chapter 1
 
@@ -39,7 +39,7 @@ def _offset_matrix(offset, d_model, sign=1.0):
 
 
 def test_average_so_far_accepts_right_answer(capsys):
-    ch01.check_average_so_far(_average_so_far)
+    assert ch01.check_average_so_far(_average_so_far)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -56,13 +56,12 @@ def test_average_so_far_accepts_right_answer(capsys):
     ],
 )
 def test_average_so_far_rejects_wrong_answers(wrong, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch01.check_average_so_far(wrong)
+    assert not ch01.check_average_so_far(wrong)
     assert "Not yet" in capsys.readouterr().out
 
 
 def test_window_average_accepts_right_answer(capsys):
-    ch01.check_window_average(_window_average)
+    assert ch01.check_window_average(_window_average)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -78,12 +77,11 @@ def test_window_average_accepts_right_answer(capsys):
     ],
 )
 def test_window_average_rejects_wrong_answers(wrong):
-    with pytest.raises(ExerciseFailure):
-        ch01.check_window_average(wrong)
+    assert not ch01.check_window_average(wrong)
 
 
 def test_offset_matrix_accepts_right_answer(capsys):
-    ch01.check_offset_matrix(_offset_matrix)
+    assert ch01.check_offset_matrix(_offset_matrix)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -96,16 +94,14 @@ def test_offset_matrix_accepts_right_answer(capsys):
     ],
 )
 def test_offset_matrix_rejects_wrong_answers(wrong):
-    with pytest.raises(ExerciseFailure):
-        ch01.check_offset_matrix(wrong)
+    assert not ch01.check_offset_matrix(wrong)
 
 
 def test_checker_turns_an_exception_into_feedback(capsys):
     def broken(x):
         raise RuntimeError("shape mismatch")
 
-    with pytest.raises(ExerciseFailure):
-        ch01.check_average_so_far(broken)
+    assert not ch01.check_average_so_far(broken)
     assert "RuntimeError: shape mismatch" in capsys.readouterr().out
 
 
@@ -132,7 +128,7 @@ def _cosine_attention_weights(x):
 
 
 def test_stable_softmax_accepts_right_answer(capsys):
-    ch02.check_stable_softmax(_stable_softmax)
+    assert ch02.check_stable_softmax(_stable_softmax)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -147,13 +143,12 @@ def test_stable_softmax_accepts_right_answer(capsys):
     ],
 )
 def test_stable_softmax_rejects_wrong_answers(wrong, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch02.check_stable_softmax(wrong)
+    assert not ch02.check_stable_softmax(wrong)
     assert "hint:" in capsys.readouterr().out
 
 
 def test_attend_accepts_right_answer(capsys):
-    ch02.check_attend(_attend)
+    assert ch02.check_attend(_attend)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -168,12 +163,11 @@ def test_attend_accepts_right_answer(capsys):
     ],
 )
 def test_attend_rejects_wrong_answers(wrong):
-    with pytest.raises(ExerciseFailure):
-        ch02.check_attend(wrong)
+    assert not ch02.check_attend(wrong)
 
 
 def test_cosine_attention_accepts_right_answer(capsys):
-    ch02.check_cosine_attention_weights(_cosine_attention_weights)
+    assert ch02.check_cosine_attention_weights(_cosine_attention_weights)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -186,8 +180,7 @@ def test_cosine_attention_accepts_right_answer(capsys):
     ],
 )
 def test_cosine_attention_rejects_wrong_answers(wrong):
-    with pytest.raises(ExerciseFailure):
-        ch02.check_cosine_attention_weights(wrong)
+    assert not ch02.check_cosine_attention_weights(wrong)
 
 
 # ---------------------------------------------------------------- chapter 3
@@ -211,7 +204,7 @@ def _split_merged(merged, d_out):
 
 
 def test_linear_from_parameter_accepts_right_answer(capsys):
-    ch03.check_linear_from_parameter(_linear_from_parameter)
+    assert ch03.check_linear_from_parameter(_linear_from_parameter)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -234,20 +227,18 @@ def _untransposed_square_only(W):
     ],
 )
 def test_linear_from_parameter_rejects_wrong_answers(wrong):
-    with pytest.raises(ExerciseFailure):
-        ch03.check_linear_from_parameter(wrong)
+    assert not ch03.check_linear_from_parameter(wrong)
 
 
 def test_linear_from_parameter_reports_wrong_weight_shape(capsys):
-    with pytest.raises(ExerciseFailure):
-        ch03.check_linear_from_parameter(
+    assert not ch03.check_linear_from_parameter(
             lambda W: _linear_from_parameter(W.T, transpose=True)  # a (d_in, d_out) weight
         )
     assert "(d_out, d_in)" in capsys.readouterr().out
 
 
 def test_attention_scores_accepts_right_answer(capsys):
-    ch03.check_attention_scores(_attention_scores)
+    assert ch03.check_attention_scores(_attention_scores)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -261,20 +252,18 @@ def test_attention_scores_accepts_right_answer(capsys):
     ],
 )
 def test_attention_scores_rejects_wrong_answers(wrong):
-    with pytest.raises(ExerciseFailure):
-        ch03.check_attention_scores(wrong)
+    assert not ch03.check_attention_scores(wrong)
 
 
 def test_scaled_scores_get_a_specific_hint(capsys):
-    with pytest.raises(ExerciseFailure):
-        ch03.check_attention_scores(
+    assert not ch03.check_attention_scores(
             lambda x, Wq, Wk: _attention_scores(x, Wq, Wk) / Wq.shape[-1] ** 0.5
         )
     assert "leave out the scaling" in capsys.readouterr().out
 
 
 def test_split_merged_accepts_right_answer(capsys):
-    ch03.check_split_merged(_split_merged)
+    assert ch03.check_split_merged(_split_merged)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -289,5 +278,4 @@ def test_split_merged_accepts_right_answer(capsys):
     ],
 )
 def test_split_merged_rejects_wrong_answers(wrong):
-    with pytest.raises(ExerciseFailure):
-        ch03.check_split_merged(wrong)
+    assert not ch03.check_split_merged(wrong)

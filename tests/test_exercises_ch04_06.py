@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attention_book.exercises import ExerciseFailure, ch04, ch05, ch06
+from attention_book.exercises import ch04, ch05, ch06
 
 # ---------------------------------------------------------------- chapter 4
 
@@ -17,7 +17,7 @@ def _scaled_scores(queries, keys):
 
 
 def test_scaled_scores_accepts_right_answer(capsys):
-    ch04.check_scaled_scores(_scaled_scores)
+    assert ch04.check_scaled_scores(_scaled_scores)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -34,13 +34,12 @@ def test_scaled_scores_accepts_right_answer(capsys):
     ],
 )
 def test_scaled_scores_rejects_wrong_divisors(wrong, named_in_feedback, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch04.check_scaled_scores(wrong)
+    assert not ch04.check_scaled_scores(wrong)
     assert named_in_feedback in capsys.readouterr().out
 
 
 def test_softmax_entropy_accepts_right_answer(capsys):
-    ch04.check_softmax_entropy(lambda w: -torch.special.xlogy(w, w).sum(dim=-1))
+    assert ch04.check_softmax_entropy(lambda w: -torch.special.xlogy(w, w).sum(dim=-1))
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -54,13 +53,12 @@ def test_softmax_entropy_accepts_right_answer(capsys):
     ],
 )
 def test_softmax_entropy_rejects_typical_mistakes(wrong, named_in_feedback, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch04.check_softmax_entropy(wrong)
+    assert not ch04.check_softmax_entropy(wrong)
     assert named_in_feedback in capsys.readouterr().out
 
 
 def test_softmax_jacobian_accepts_right_answer(capsys):
-    ch04.check_softmax_jacobian(lambda w: torch.diag(w) - torch.outer(w, w))
+    assert ch04.check_softmax_jacobian(lambda w: torch.diag(w) - torch.outer(w, w))
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -76,8 +74,7 @@ def test_softmax_jacobian_accepts_right_answer(capsys):
     ],
 )
 def test_softmax_jacobian_rejects_typical_mistakes(wrong, named_in_feedback, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch04.check_softmax_jacobian(wrong)
+    assert not ch04.check_softmax_jacobian(wrong)
     assert named_in_feedback in capsys.readouterr().out
 
 # ---------------------------------------------------------------- chapter 5
@@ -88,7 +85,7 @@ def _ones(num_tokens):
 
 
 def test_causal_mask_accepts_right_answer(capsys):
-    ch05.check_causal_mask(lambda t: torch.tril(_ones(t)))
+    assert ch05.check_causal_mask(lambda t: torch.tril(_ones(t)))
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -104,8 +101,7 @@ def test_causal_mask_accepts_right_answer(capsys):
     ],
 )
 def test_causal_mask_rejects_typical_mistakes(wrong, named_in_feedback, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch05.check_causal_mask(wrong)
+    assert not ch05.check_causal_mask(wrong)
     assert named_in_feedback in capsys.readouterr().out
 
 
@@ -122,7 +118,7 @@ def _renormalised(scores, mask):
 
 @pytest.mark.parametrize("right", [_masked_softmax, _renormalised])
 def test_masked_softmax_accepts_right_answers(right, capsys):
-    ch05.check_masked_softmax(right)
+    assert ch05.check_masked_softmax(right)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -138,8 +134,7 @@ def test_masked_softmax_accepts_right_answers(right, capsys):
     ],
 )
 def test_masked_softmax_rejects_typical_mistakes(wrong, named_in_feedback, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch05.check_masked_softmax(wrong)
+    assert not ch05.check_masked_softmax(wrong)
     assert named_in_feedback in capsys.readouterr().out
 
 
@@ -152,7 +147,7 @@ def _batch_mask(lengths, max_len):
 
 
 def test_batch_mask_accepts_right_answer(capsys):
-    ch05.check_batch_mask(_batch_mask)
+    assert ch05.check_batch_mask(_batch_mask)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -171,8 +166,7 @@ def test_batch_mask_accepts_right_answer(capsys):
     ],
 )
 def test_batch_mask_rejects_typical_mistakes(wrong, named_in_feedback, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch05.check_batch_mask(wrong)
+    assert not ch05.check_batch_mask(wrong)
     assert named_in_feedback in capsys.readouterr().out
 
 # ---------------------------------------------------------------- chapter 6
@@ -192,7 +186,7 @@ def _inverted_dropout(weights, p):
     ],
 )
 def test_inverted_dropout_accepts_right_answers(right, capsys):
-    ch06.check_inverted_dropout(right)
+    assert ch06.check_inverted_dropout(right)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -208,13 +202,12 @@ def test_inverted_dropout_accepts_right_answers(right, capsys):
     ],
 )
 def test_inverted_dropout_rejects_typical_mistakes(wrong, named_in_feedback, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch06.check_inverted_dropout(wrong)
+    assert not ch06.check_inverted_dropout(wrong)
     assert named_in_feedback in capsys.readouterr().out
 
 
 def test_mean_tolerance_accepts_right_answer(capsys):
-    ch06.check_mean_tolerance(lambda w, p, n, z: z * w * math.sqrt(p / ((1 - p) * n)))
+    assert ch06.check_mean_tolerance(lambda w, p, n, z: z * w * math.sqrt(p / ((1 - p) * n)))
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -229,8 +222,7 @@ def test_mean_tolerance_accepts_right_answer(capsys):
     ],
 )
 def test_mean_tolerance_rejects_typical_mistakes(wrong, named_in_feedback, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch06.check_mean_tolerance(wrong)
+    assert not ch06.check_mean_tolerance(wrong)
     assert named_in_feedback in capsys.readouterr().out
 
 
@@ -239,7 +231,7 @@ def test_weights_with_dropout_accepts_right_answer(capsys):
         weights = torch.softmax(scores, dim=-1)
         return torch.nn.functional.dropout(weights, p, training=training)
 
-    ch06.check_weights_with_dropout(right)
+    assert ch06.check_weights_with_dropout(right)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
@@ -259,6 +251,5 @@ def test_weights_with_dropout_accepts_right_answer(capsys):
     ],
 )
 def test_weights_with_dropout_rejects_typical_mistakes(wrong, named_in_feedback, capsys):
-    with pytest.raises(ExerciseFailure):
-        ch06.check_weights_with_dropout(wrong)
+    assert not ch06.check_weights_with_dropout(wrong)
     assert named_in_feedback in capsys.readouterr().out

@@ -41,23 +41,21 @@ def split_heads_wrong_shape(x, num_heads):
 
 
 def test_split_heads_accepts_right_answer(capsys):
-    check_split_heads(split_heads_right)
+    assert check_split_heads(split_heads_right)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
 def test_split_heads_explains_view_without_transpose(capsys):
-    with pytest.raises(AssertionError):
-        check_split_heads(split_heads_no_transpose)
+    assert not check_split_heads(split_heads_no_transpose)
     out = capsys.readouterr().out
-    assert "Not yet: each head holds the features of the right token" in out
+    assert "Not yet. The check that failed: each head holds the features of the right token" in out
     assert "transpose(1, 2)" in out
 
 
 def test_split_heads_reports_wrong_shape(capsys):
-    with pytest.raises(AssertionError):
-        check_split_heads(split_heads_wrong_shape)
+    assert not check_split_heads(split_heads_wrong_shape)
     out = capsys.readouterr().out
-    assert "has the right shape" in out
+    assert "the shape of" in out
     assert "(2, 3, 5, 2)" in out and "(2, 5, 3, 2)" in out
 
 
@@ -65,17 +63,16 @@ def test_split_heads_turns_an_error_into_feedback(capsys):
     def crashes(x, num_heads):
         return x.view(-1, num_heads, 7)
 
-    with pytest.raises(AssertionError):
-        check_split_heads(crashes)
+    assert not check_split_heads(crashes)
     assert "RuntimeError" in capsys.readouterr().out
 
 
-def test_split_heads_not_implemented_propagates():
+def test_split_heads_not_written_yet_is_feedback(capsys):
     def unanswered(x, num_heads):
         raise NotImplementedError()
 
-    with pytest.raises(NotImplementedError):
-        check_split_heads(unanswered)
+    assert check_split_heads(unanswered) is False
+    assert "You have not written `unanswered` yet" in capsys.readouterr().out
 
 
 # --- merge_heads -----------------------------------------------------------------------------
@@ -104,22 +101,20 @@ def merge_heads_wrong_order(context):
 
 @pytest.mark.parametrize("answer", [merge_heads_right, merge_heads_contiguous_view])
 def test_merge_heads_accepts_right_answers(answer, capsys):
-    check_merge_heads(answer)
+    assert check_merge_heads(answer)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
 def test_merge_heads_explains_view_without_transpose(capsys):
-    with pytest.raises(AssertionError):
-        check_merge_heads(merge_heads_no_transpose)
+    assert not check_merge_heads(merge_heads_no_transpose)
     out = capsys.readouterr().out
-    assert "Not yet: each output row is one token's heads side by side" in out
+    assert "Not yet. The check that failed: each output row is one token's heads side by side" in out
     assert "transpose(1, 2)" in out
 
 
 def test_merge_heads_rejects_wrong_feature_order(capsys):
-    with pytest.raises(AssertionError):
-        check_merge_heads(merge_heads_wrong_order)
-    assert "has the right values" in capsys.readouterr().out
+    assert not check_merge_heads(merge_heads_wrong_order)
+    assert "match the reference" in capsys.readouterr().out
 
 
 # --- parameter count -------------------------------------------------------------------------
@@ -152,7 +147,7 @@ def count_as_float(d_in, d_out, num_heads, qkv_bias):
 
 @pytest.mark.parametrize("answer", [count_right, count_by_building])
 def test_param_count_accepts_right_answers(answer, capsys):
-    check_mha_param_count(answer)
+    assert check_mha_param_count(answer)
     out = capsys.readouterr().out
     assert out.startswith("Correct:")
     assert "2,362,368" in out
@@ -173,14 +168,12 @@ def test_gpt2_numbers_match_the_package():
     ],
 )
 def test_param_count_explains_typical_mistakes(answer, hint, capsys):
-    with pytest.raises(AssertionError):
-        check_mha_param_count(answer)
+    assert not check_mha_param_count(answer)
     assert hint in capsys.readouterr().out
 
 
 def test_param_count_names_expected_and_actual(capsys):
-    with pytest.raises(AssertionError):
-        check_mha_param_count(lambda d_in, d_out, num_heads, qkv_bias: 1)
+    assert not check_mha_param_count(lambda d_in, d_out, num_heads, qkv_bias: 1)
     out = capsys.readouterr().out
     assert "expected: 2,362,368" in out
     assert "actual:   1" in out
@@ -208,22 +201,20 @@ def expand_kv_unchanged(kv, num_heads):
 
 @pytest.mark.parametrize("answer", [expand_kv_right, expand_kv_by_index])
 def test_expand_kv_accepts_right_answers(answer, capsys):
-    check_expand_kv(answer)
+    assert check_expand_kv(answer)
     assert capsys.readouterr().out.startswith("Correct:")
 
 
 def test_expand_kv_explains_tiling(capsys):
-    with pytest.raises(AssertionError):
-        check_expand_kv(expand_kv_tiled)
+    assert not check_expand_kv(expand_kv_tiled)
     out = capsys.readouterr().out
-    assert "Not yet: consecutive query heads share a key/value head" in out
+    assert "Not yet. The check that failed: consecutive query heads share a key/value head" in out
     assert "[0, 0, 0, 1, 1, 1]" in out and "[0, 1, 0, 1, 0, 1]" in out
     assert "repeat_interleave" in out
 
 
 def test_expand_kv_reports_missing_expansion(capsys):
-    with pytest.raises(AssertionError):
-        check_expand_kv(expand_kv_unchanged)
+    assert not check_expand_kv(expand_kv_unchanged)
     out = capsys.readouterr().out
-    assert "has the right shape" in out
+    assert "the shape of" in out
     assert "(2, 6, 3, 2)" in out

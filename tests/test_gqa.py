@@ -244,3 +244,23 @@ def test_bad_input_names_the_sizes():
         layer(torch.randn(2, T + 1, D_IN))
     with pytest.raises(ValueError, match=r"does not broadcast"):
         layer(_inputs(), torch.ones(T + 1, T + 1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 6])
+def test_sdpa_backend_matches_naive_for_groups_masks_and_cached_decoding(num_kv_heads):
+    """The fused path (enable_gqa, causal_lower_right while decoding) computes what naive does."""
+    from attention_book import KVCache, padding_mask
+
+    torch.manual_seed(0)
+    naive = GroupedQueryAttention(12, 12, 6, num_kv_heads, context_length=8)
+    fused = GroupedQueryAttention(12, 12, 6, num_kv_heads, context_length=8, backend="sdpa")
+    fused.load_state_dict(naive.state_dict())
+    x = torch.randn(2, 7, 12)  # (B, T, d_in)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), naive(x))
+        mask = padding_mask([7, 4], 7)  # (B, 1, 1, T)
+        torch.testing.assert_close(fused(x, mask), naive(x, mask))
+        cache = KVCache(8)
+        fused(x[:, :3], kv_cache=cache)
+        steps = [fused(x[:, t:t + 2], kv_cache=cache) for t in (3, 5)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), naive(x)[:, 3:7])

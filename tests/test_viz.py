@@ -191,3 +191,24 @@ def test_view_options_are_checked(weights):
         head_view(weights, TOKENS, layer=3)
     with pytest.raises(ValueError, match="display_mode must be 'light' or 'dark'"):
         model_view(weights, TOKENS, display_mode="blue")
+
+
+def test_pipeline_highlights_the_stages_asked_for():
+    from attention_book.viz import PIPELINE_STAGES, plot_attention_pipeline
+
+    ax = plot_attention_pipeline(["scale", "mask"])
+    fills = {patch.get_gid(): patch.get_facecolor() for patch in ax.patches if patch.get_gid()}
+    assert {gid.removeprefix("stage-") for gid in fills} == set(PIPELINE_STAGES)
+    orange = fills["stage-scale"]
+    assert fills["stage-mask"] == orange and fills["stage-softmax"] != orange
+    assert "scale, mask" in ax.get_title()
+    texts = " ".join(text.get_text() for text in ax.texts)
+    assert "(B, num_heads, T, T)" in texts and "(B, T, d_in)" in texts
+    plt.close(ax.figure)
+
+
+def test_pipeline_refuses_an_unknown_stage():
+    from attention_book.viz import plot_attention_pipeline
+
+    with pytest.raises(ValueError, match="unknown stages \\['softmaxx'\\]"):
+        plot_attention_pipeline(["softmaxx"])

@@ -156,7 +156,8 @@ def padding_mask(lengths: Sequence[int] | torch.Tensor, max_len: int) -> torch.T
 
     Taught in chapter 5.
     """
-    lengths = torch.as_tensor(lengths)
+    if not isinstance(lengths, torch.Tensor):
+        lengths = torch.as_tensor(lengths)
     if lengths.is_floating_point() or lengths.dtype == torch.bool:
         raise TypeError(f"lengths must hold integers, got dtype {lengths.dtype}")
     if lengths.dim() != 1:

@@ -18,7 +18,12 @@ warm-up run, with ratios between rows taken in the same run:
 The rows of one table run interleaved (round-robin), so a change of machine
 load affects them alike. This is a benchmark, not a test: nothing in the test
 suite times anything. Options: ``--threads`` (default 2), ``--repeats``,
-``--only``. Taught in chapter 10.
+``--only``, ``--device`` and ``--dtype``.
+
+On a GPU (``--device cuda``) the same tables run in float32 and bfloat16 (or the
+``--dtype`` given): every timing waits for the GPU (``torch.cuda.synchronize``), and
+memory is the growth of ``torch.cuda.max_memory_allocated`` across one call. Taught in
+chapter 10.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ LONG_SHAPE = {"batch_size": 1, "num_heads": 12, "num_tokens": 4096, "head_dim": 
 DECODE_SHAPE = {"num_tokens": 512, "d_model": 384, "num_heads": 6}
 # Larger tiles than the default 128 mean fewer small operations in the Python loop.
 TILE_BLOCK_SIZE = 256
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _cpu_name() -> str:
@@ -64,18 +70,59 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def header(threads: int) -> str:
-    """The machine, thread count and versions, printed above the tables."""
+def header(threads: int, device: str = "cpu") -> str:
+    """The machine, thread count (or GPU) and versions, printed above the tables."""
     import numpy
 
-    return "\n".join([
+    lines = [
         "attention_book benchmark (medians over repeated runs after one warm-up run)",
         f"machine : {_cpu_name()}, {os.cpu_count()} logical CPUs, {platform.platform()}",
         f"threads : torch.get_num_threads() = {threads}; load average before the run "
         f"{os.getloadavg()[0]:.1f} (other processes compete for the CPUs when it exceeds 0)",
         f"versions: python {platform.python_version()}, torch {torch.__version__}, "
         f"numpy {numpy.__version__}",
-    ])
+    ]
+    if device == "cuda":
+        properties = torch.cuda.get_device_properties(0)
+        lines.append(f"device  : {properties.name}, {properties.total_memory / 2**30:.0f} GiB, "
+                     f"CUDA {torch.version.cuda}, driver capability "
+                     f"{properties.major}.{properties.minor}")
+    return "\n".join(lines)
+
+
+class _Device:
+    """Where the benchmark runs: creates tensors there and waits for it before reading a clock."""
+
+    def __init__(self, name: str, dtype: torch.dtype) -> None:
+        self.name, self.dtype = name, dtype
+
+    def sync(self) -> None:
+        if self.name == "cuda":
+            torch.cuda.synchronize()
+
+    def tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(device=self.name, dtype=self.dtype)
+
+    def module(self, module: nn.Module) -> nn.Module:
+        return module.to(device=self.name, dtype=self.dtype)
+
+    def peak_extra_mib(self, fn: Callable[[], object]) -> float:
+        """Growth of the GPU's allocated memory across one call of ``fn`` (CUDA only)."""
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        result = fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        del result
+        return (peak - before) / 2**20
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}, {str(self.dtype).removeprefix('torch.')}"
+
+
+CPU = _Device("cpu", torch.float32)
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
@@ -165,9 +212,13 @@ def peak_tensor_bytes(fn: Callable[[], object]) -> int:
 
 
 def time_interleaved(
-    variants: dict[str, Callable[[], object]], repeats: int, *, warmup: bool = True
+    variants: dict[str, Callable[[], object]], repeats: int, *, warmup: bool = True,
+    sync: Callable[[], None] = lambda: None,
 ) -> dict[str, list[float]]:
-    """Run every variant once as warm-up, then ``repeats`` rounds, rotating the order."""
+    """Run every variant once as warm-up, then ``repeats`` rounds, rotating the order.
+
+    ``sync`` waits for an asynchronous device (a GPU) before each clock reading.
+    """
     names = list(variants)
     if warmup:
         for name in names:
@@ -176,8 +227,10 @@ def time_interleaved(
     for round_index in range(repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
+            sync()
             start = time.perf_counter()
             variants[name]()
+            sync()
             seconds[name].append(time.perf_counter() - start)
     return seconds
 
@@ -206,16 +259,19 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def bench_multihead(repeats: int) -> str:
+def bench_multihead(repeats: int, device: _Device = CPU) -> str:
     """Target 1: MultiHeadAttention forward + backward against torch.nn.MultiheadAttention."""
     batch_size, num_tokens, d_model, num_heads = MHA_SHAPE.values()
     torch.manual_seed(0)
-    x = torch.randn(batch_size, num_tokens, d_model, requires_grad=True)  # (B, T, d)
-    ours_sdpa = MultiHeadAttention(d_model, d_model, num_heads, num_tokens, backend="sdpa")
-    ours_naive = MultiHeadAttention(d_model, d_model, num_heads, num_tokens, backend="naive")
-    torch_mha = nn.MultiheadAttention(d_model, num_heads, bias=False, batch_first=True)
+    x = device.tensor(torch.randn(batch_size, num_tokens, d_model)).requires_grad_()  # (B, T, d)
+    ours_sdpa = device.module(
+        MultiHeadAttention(d_model, d_model, num_heads, num_tokens, backend="sdpa"))
+    ours_naive = device.module(
+        MultiHeadAttention(d_model, d_model, num_heads, num_tokens, backend="naive"))
+    torch_mha = device.module(
+        nn.MultiheadAttention(d_model, num_heads, bias=False, batch_first=True))
     # nn.MultiheadAttention's boolean mask has the opposite polarity: True = may NOT attend.
-    torch_mask = ~causal_mask(num_tokens)  # (T, T)
+    torch_mask = ~causal_mask(num_tokens, device=device.name)  # (T, T)
 
     def run_torch() -> None:
         out, _ = torch_mha(x, x, x, attn_mask=torch_mask, need_weights=False, is_causal=True)
@@ -226,12 +282,12 @@ def bench_multihead(repeats: int) -> str:
         "MultiHeadAttention(sdpa)": lambda: ours_sdpa(x).sum().backward(),
         "MultiHeadAttention(naive)": lambda: ours_naive(x).sum().backward(),
     }
-    seconds = time_interleaved(variants, repeats)
+    seconds = time_interleaved(variants, repeats, sync=device.sync)
     vs_torch = _ratio(seconds, "MultiHeadAttention(sdpa)", "nn.MultiheadAttention")
     vs_naive = _ratio(seconds, "MultiHeadAttention(sdpa)", "MultiHeadAttention(naive)")
     shape = ", ".join(f"{key}={value}" for key, value in MHA_SHAPE.items())
     return "\n".join([
-        format_table(f"1. forward + backward, causal ({shape}), {repeats} runs",
+        format_table(f"1. forward + backward, causal ({shape}; {device.label}), {repeats} runs",
                      seconds, "nn.MultiheadAttention"),
         f"  target: sdpa <= 1.0x nn.MultiheadAttention: {vs_torch:.2f}x -> "
         f"{_verdict(vs_torch <= 1.0)}; sdpa faster than naive: {vs_naive:.2f}x -> "
@@ -239,11 +295,11 @@ def bench_multihead(repeats: int) -> str:
     ])
 
 
-def _long_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _long_inputs(device: _Device = CPU) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch_size, num_heads, num_tokens, head_dim = LONG_SHAPE.values()
     torch.manual_seed(0)
     shape = (batch_size, num_heads, num_tokens, head_dim)
-    return torch.randn(shape), torch.randn(shape), torch.randn(shape)  # (B, H, T, head_dim)
+    return tuple(device.tensor(torch.randn(shape)) for _ in range(3))  # (B, H, T, head_dim)
 
 
 LONG_VARIANTS: dict[str, Callable[..., torch.Tensor]] = {
@@ -294,20 +350,24 @@ def _peak_extra_mib(variant: str, threads: int) -> float:
     return (figures["peak_kib"] - figures["before_kib"]) / 1024
 
 
-def bench_long(repeats: int, threads: int) -> str:
+def bench_long(repeats: int, threads: int, device: _Device = CPU) -> str:
     """Target 2: tiled_attention's time and peak extra memory against the naive attention."""
-    query, key, value = _long_inputs()
+    query, key, value = _long_inputs(device)
     with torch.no_grad():
         expected = LONG_VARIANTS["F.scaled_dot_product_attention"](query, key, value)
         worst = (LONG_VARIANTS["tiled_attention"](query, key, value) - expected).abs().max()
-    memory = {name: _peak_extra_mib(name, threads) for name in LONG_VARIANTS}
     with torch.no_grad():
+        if device.name == "cuda":
+            memory = {name: device.peak_extra_mib(lambda fn=fn: fn(query, key, value))
+                      for name, fn in LONG_VARIANTS.items()}
+        else:
+            memory = {name: _peak_extra_mib(name, threads) for name in LONG_VARIANTS}
         tensor_mib = {name: peak_tensor_bytes(lambda fn=fn: fn(query, key, value)) / 2**20
                       for name, fn in LONG_VARIANTS.items()}
     with torch.no_grad():
         variants = {name: (lambda fn=fn: fn(query, key, value))
                     for name, fn in LONG_VARIANTS.items()}
-        seconds = time_interleaved(variants, repeats)
+        seconds = time_interleaved(variants, repeats, sync=device.sync)
     time_ratio = _ratio(seconds, "tiled_attention", "naive (book)")
     memory_ratio = memory["tiled_attention"] / memory["naive (book)"]
     vs_fused = _ratio(seconds, "tiled_attention", "F.scaled_dot_product_attention")
@@ -315,12 +375,18 @@ def bench_long(repeats: int, threads: int) -> str:
     extra = {name: f"{mib:9.1f} MiB  {mib / memory['naive (book)']:6.1%}  "
                    f"{tensor_mib[name]:9.1f} MiB"
              for name, mib in memory.items()}
-    return "\n".join([
-        format_table(f"2. causal attention forward ({shape}, block_size={TILE_BLOCK_SIZE}), "
-                     f"{repeats} runs", seconds, "naive (book)", extra,
-                     "peak extra RSS  (% of naive)  peak tensors"),
+    peak_name = "peak extra GPU memory" if device.name == "cuda" else "peak extra RSS"
+    peak_note = (
+        "  peak extra GPU memory: torch.cuda.max_memory_allocated() - memory_allocated() "
+        "across one call (inputs already allocated, the output counts)"
+        if device.name == "cuda" else
         "  peak extra RSS: VmHWM - VmRSS across one call in a fresh subprocess per variant, "
-        "after malloc_trim and a reset of VmHWM (inputs already allocated, the output counts)",
+        "after malloc_trim and a reset of VmHWM (inputs already allocated, the output counts)")
+    return "\n".join([
+        format_table(f"2. causal attention forward ({shape}, block_size={TILE_BLOCK_SIZE}; "
+                     f"{device.label}), {repeats} runs", seconds, "naive (book)", extra,
+                     f"{peak_name}  (% of naive)  peak tensors"),
+        peak_note,
         "  peak tensors: peak_tensor_bytes, the tensors the call's operations return "
         "(blind to a fused kernel's private scratch memory)",
         f"  tiled_attention vs F.scaled_dot_product_attention: max |difference| = "
@@ -353,12 +419,13 @@ def _generate(layer: MultiHeadAttention, first: torch.Tensor, num_tokens: int,
     return torch.cat(outputs, dim=1)  # (1, num_tokens, d)
 
 
-def bench_decode(repeats: int) -> str:
+def bench_decode(repeats: int, device: _Device = CPU) -> str:
     """Target 3: decoding 512 tokens with a KVCache against recomputing every step."""
     num_tokens, d_model, num_heads = DECODE_SHAPE.values()
     torch.manual_seed(0)
-    layer = MultiHeadAttention(d_model, d_model, num_heads, num_tokens, backend="sdpa").eval()
-    first = torch.randn(1, 1, d_model)  # (1, 1, d)
+    layer = device.module(
+        MultiHeadAttention(d_model, d_model, num_heads, num_tokens, backend="sdpa")).eval()
+    first = device.tensor(torch.randn(1, 1, d_model))  # (1, 1, d)
     with torch.no_grad():
         recomputed = _generate(layer, first, num_tokens, use_cache=False)
         cached = _generate(layer, first, num_tokens, use_cache=True)
@@ -368,11 +435,12 @@ def bench_decode(repeats: int) -> str:
             "KVCache": lambda: _generate(layer, first, num_tokens, True),
         }
         # The equality check above already ran both paths once: it is the warm-up.
-        seconds = time_interleaved(variants, repeats, warmup=False)
+        seconds = time_interleaved(variants, repeats, warmup=False, sync=device.sync)
     speedup = _ratio(seconds, "recompute every step", "KVCache")
     shape = ", ".join(f"{key}={value}" for key, value in DECODE_SHAPE.items())
     return "\n".join([
-        format_table(f"3. generating {num_tokens} tokens one at a time ({shape}), "
+        format_table(f"3. generating {num_tokens} tokens one at a time ({shape}; "
+                     f"{device.label}), "
                      f"{repeats} runs", seconds, "recompute every step"),
         f"  outputs: max |recompute - KVCache| = {worst:.2e} over all {num_tokens} steps",
         f"  target: KVCache >= 5x faster: {speedup:.1f}x -> {_verdict(speedup >= 5.0)}",
@@ -386,6 +454,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (default 5)")
     parser.add_argument("--only", choices=["multihead", "long", "decode"], action="append",
                         help="run only these tables (repeatable)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where to run (default cpu)")
+    parser.add_argument("--dtype", choices=list(DTYPES), action="append",
+                        help="floating dtype (repeatable; default float32 on the CPU, "
+                             "float32 and bfloat16 on a GPU)")
     parser.add_argument("--memory-child", choices=list(LONG_VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child is not None:
@@ -393,18 +466,27 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.threads < 1 or args.repeats < 1:
         parser.error("--threads and --repeats must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this machine has no CUDA device that PyTorch can use "
+                     f"(torch {torch.__version__}, built with CUDA {torch.version.cuda})")
+    if args.device == "cpu" and args.dtype not in (None, ["float32"]):
+        parser.error("on the CPU the benchmark runs in float32 only")
+    dtypes = args.dtype or (["float32", "bfloat16"] if args.device == "cuda" else ["float32"])
     torch.set_num_threads(args.threads)
     only = args.only or ["multihead", "long", "decode"]
-    print(header(torch.get_num_threads()), flush=True)
+    print(header(torch.get_num_threads(), args.device), flush=True)
     started = time.perf_counter()
-    if "multihead" in only:
-        print("\n" + bench_multihead(args.repeats), flush=True)
-    if "long" in only:
-        # The naive run at T=4096 takes seconds each: fewer repeats keep the total reasonable.
-        print("\n" + bench_long(max(1, min(args.repeats, 3)), args.threads), flush=True)
-    if "decode" in only:
-        # Recomputing 512 prefixes takes seconds per run: fewer repeats here too.
-        print("\n" + bench_decode(max(1, min(args.repeats, 3))), flush=True)
+    for dtype in dtypes:
+        device = _Device(args.device, DTYPES[dtype])
+        # On the CPU the naive run at T=4096 and recomputing 512 prefixes take seconds per
+        # run: fewer repeats keep the total reasonable.
+        slow_repeats = args.repeats if args.device == "cuda" else max(1, min(args.repeats, 3))
+        if "multihead" in only:
+            print("\n" + bench_multihead(args.repeats, device), flush=True)
+        if "long" in only:
+            print("\n" + bench_long(slow_repeats, args.threads, device), flush=True)
+        if "decode" in only:
+            print("\n" + bench_decode(slow_repeats, device), flush=True)
     print(f"\ntotal wall time {time.perf_counter() - started:.0f}s")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from .attention import (
     _check_mask,
@@ -288,6 +289,27 @@ class _HeadedAttention(nn.Module):
             )
         return num_keys
 
+    def _fused(self, queries, keys, values, mask, num_tokens, num_keys, dropout_p, group_size):
+        """PyTorch's fused attention, told as much as possible about the mask and the groups."""
+        causal_only = self.causal and mask is None
+        attn_mask, is_causal = mask, False
+        if causal_only and num_tokens == num_keys:
+            # is_causal lets the fused kernel skip the tiles above the diagonal.
+            attn_mask, is_causal = None, True
+        elif causal_only:
+            # Decoding with a cache: the queries are the last positions, so the diagonal is
+            # aligned bottom-right; causal_lower_right keeps the kernel's fast causal path.
+            attn_mask = causal_lower_right(num_tokens, num_keys)
+        elif self.causal:
+            causal = causal_mask(num_tokens, num_keys, device=queries.device)  # (T, T_k)
+            attn_mask = causal & mask
+        # enable_gqa broadcasts each key/value head over its group of query heads inside the
+        # kernel, instead of materialising num_heads copies as repeat_interleave does.
+        return torch.nn.functional.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p,
+            is_causal=is_causal, enable_gqa=group_size > 1,
+        )  # (..., num_heads, T, head_dim)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -322,31 +344,25 @@ class _HeadedAttention(nn.Module):
             # The cache stores num_kv_heads heads: grouped-query attention's memory saving.
             keys, values = kv_cache.update(keys, values)  # (..., num_kv_heads, T_k, head_dim)
         group_size = self.num_heads // self.num_kv_heads
-        if group_size > 1:
-            # Each key/value head serves `group_size` consecutive query heads.
-            keys = keys.repeat_interleave(group_size, dim=-3)  # (..., num_heads, T_k, head_dim)
-            values = values.repeat_interleave(group_size, dim=-3)  # (..., num_heads, T_k, head_dim)
-
-        allowed = mask
-        if self.causal:
-            if kv_cache is None:
-                causal = self._causal(num_tokens, x.device)  # (T, T)
-            else:
-                # The new queries are the last num_tokens positions: bottom-right alignment.
-                causal = causal_mask(num_tokens, num_keys, device=x.device)  # (T, T_k)
-            allowed = causal if mask is None else causal & mask
         dropout_p = self.dropout_p if self.training else 0.0
 
         if self.backend == "sdpa":
-            only_causal = self.causal and mask is None and num_tokens == num_keys
-            # With the causal mask alone (and T_q == T_k, where PyTorch's top-left alignment
-            # is ours), is_causal lets the fused kernel skip the tiles above the diagonal.
-            context = torch.nn.functional.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=None if only_causal else allowed,
-                dropout_p=dropout_p, is_causal=only_causal,
-            )  # (..., num_heads, T, head_dim)
+            context = self._fused(queries, keys, values, mask, num_tokens, num_keys, dropout_p,
+                                  group_size)  # (..., num_heads, T, head_dim)
             attn_weights = None
         else:
+            if group_size > 1:
+                # Each key/value head serves `group_size` consecutive query heads.
+                keys = keys.repeat_interleave(group_size, dim=-3)  # (..., num_heads, T_k, head_dim)
+                values = values.repeat_interleave(group_size, dim=-3)  # (..., num_heads, T_k, hd)
+            allowed = mask
+            if self.causal:
+                if kv_cache is None:
+                    causal = self._causal(num_tokens, x.device)  # (T, T)
+                else:
+                    # The new queries are the last num_tokens positions: bottom-right alignment.
+                    causal = causal_mask(num_tokens, num_keys, device=x.device)  # (T, T_k)
+                allowed = causal if mask is None else causal & mask
             context, attn_weights = scaled_dot_product_attention(
                 queries, keys, values, allowed, dropout_p=dropout_p
             )  # (..., num_heads, T, head_dim), (..., num_heads, T, T_k)

@@ -27,7 +27,8 @@ __all__ = [
 
 
 def sinusoidal_positional_encoding(context_length: int, d_model: int, *,
-                                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                                   dtype: torch.dtype | None = None,
+                                   device: torch.device | str | None = None) -> torch.Tensor:
     """The fixed sine/cosine positional encoding of Vaswani et al. (2017).
 
     Position ``pos`` gets ``sin(pos / 10000^(2i/d_model))`` in feature ``2i`` and
@@ -36,7 +37,8 @@ def sinusoidal_positional_encoding(context_length: int, d_model: int, *,
     Args:
         context_length: number of positions.
         d_model: size of each position vector; must be even.
-        dtype: the floating dtype the encoding is computed in.
+        dtype: the floating dtype the encoding is computed in (default: torch's default).
+        device: where to create it.
 
     Shapes:
         returns ``(context_length, d_model)``.
@@ -51,11 +53,12 @@ def sinusoidal_positional_encoding(context_length: int, d_model: int, *,
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if d_model % 2:
         raise ValueError(f"d_model ({d_model}) must be even: features come in sin/cos pairs")
-    positions = torch.arange(context_length, dtype=dtype).unsqueeze(1)  # (T, 1)
+    factory = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+    positions = torch.arange(context_length, **factory).unsqueeze(1)  # (T, 1)
     frequencies = torch.exp(
-        torch.arange(0, d_model, 2, dtype=dtype) * (-math.log(10000.0) / d_model)
+        torch.arange(0, d_model, 2, **factory) * (-math.log(10000.0) / d_model)
     )  # (d_model / 2,)
-    encoding = torch.zeros(context_length, d_model, dtype=dtype)  # (T, d_model)
+    encoding = torch.zeros(context_length, d_model, **factory)  # (T, d_model)
     encoding[:, 0::2] = torch.sin(positions * frequencies)
     encoding[:, 1::2] = torch.cos(positions * frequencies)
     return encoding
@@ -109,9 +112,9 @@ class AttentionClassifier(nn.Module):
         self.context_length = context_length
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=0, **factory)
         encoding = sinusoidal_positional_encoding(
-            context_length, d_model, dtype=dtype or torch.get_default_dtype()
+            context_length, d_model, dtype=dtype, device=device
         )  # (context_length, d_model)
-        self.register_buffer("positions", encoding.to(device), persistent=False)
+        self.register_buffer("positions", encoding, persistent=False)
         self.attention = MultiHeadAttention(
             d_model, d_model, num_heads, context_length=context_length, causal=False, **factory
         )
@@ -223,7 +226,7 @@ def mean_attention_to(model: nn.Module, data: dict[str, torch.Tensor], position:
     model.eval()
     _, attn_weights = model(*_batch_inputs(data), return_weights=True)  # (N, heads, T, T)
     model.train(was_training)
-    rows = torch.arange(attn_weights.size(0))
+    rows = torch.arange(attn_weights.size(0), device=attn_weights.device)
     from_word = attn_weights[rows, :, data["word_index"]]  # (N, heads, T)
     to_target = from_word[rows, :, data[position]]  # (N, heads)
     return to_target.mean().item()
@@ -313,7 +316,8 @@ def _train(model, train_data, val_data, epochs, batch_size, lr, seed, bar):
     record(initial)
     model.train()
     for _ in bar:
-        order = torch.randperm(num_examples, generator=generator)  # (N,)
+        # Drawn on the CPU generator's device, so the order is the same wherever the model is.
+        order = torch.randperm(num_examples, generator=generator, device=generator.device)  # (N,)
         total_loss = 0.0
         for start in range(0, num_examples, batch_size):
             rows = order[start : start + batch_size]  # (batch,)

@@ -16,7 +16,10 @@ import torch
 
 from ._ids import _check_element_id
 
-__all__ = ["plot_attention", "plot_heads", "head_view", "model_view"]
+__all__ = [
+    "PIPELINE_STAGES", "plot_attention", "plot_attention_pipeline", "plot_heads", "head_view",
+    "model_view",
+]
 
 _BERTVIZ_ID = re.compile(r"bertviz-[0-9a-f]{32}")
 
@@ -311,3 +314,106 @@ def model_view(
     )
     html.data = _fixed_ids(html.data, element_id, "model-view", layers, labels)
     return html
+
+
+#: The stages of the attention computation that :func:`plot_attention_pipeline` draws, in order.
+PIPELINE_STAGES = (
+    "input", "projections", "split_heads", "scores", "scale", "mask", "softmax", "dropout",
+    "weighted_sum", "merge_heads", "out_proj",
+)
+_STAGE_LABELS = {
+    "input": ("x", "(B, T, d_in)"),
+    "split_heads": ("split into heads", "(B, num_heads, T, head_dim)"),
+    "scores": ("scores  Q Kᵀ", "(B, num_heads, T, T)"),
+    "scale": ("scale  ÷ √d_k", "(B, num_heads, T, T)"),
+    "mask": ("mask  (−∞ where blocked)", "(B, num_heads, T, T)"),
+    "softmax": ("softmax over keys", "weights (B, num_heads, T, T)"),
+    "dropout": ("dropout (training only)", "(B, num_heads, T, T)"),
+    "weighted_sum": ("weights · V", "(B, num_heads, T, head_dim)"),
+    "merge_heads": ("merge the heads", "(B, T, d_out)"),
+    "out_proj": ("out_proj", "output (B, T, d_out)"),
+}
+
+
+def plot_attention_pipeline(highlight: Sequence[str] = (), *, title: str | None = None, ax=None):
+    """Draw the computation of (multi-head) attention as a flow chart, with shapes.
+
+    ``x`` goes through three projections to the queries, keys and values; the scores
+    ``Q Kᵀ`` are scaled, masked, turned into weights by the softmax and dropped out; the
+    weights average the values, the heads are merged and ``out_proj`` mixes them. The stages
+    in ``highlight`` are filled in orange, the others in grey, so a chapter can show what
+    it adds.
+
+    Args:
+        highlight: names from :data:`PIPELINE_STAGES` to emphasise.
+        title: the figure title; a default names the highlighted stages.
+        ax: a matplotlib Axes to draw on; a new figure is made when None.
+
+    Shapes:
+        (a picture; the boxes are labelled with the shapes of multi-head attention)
+
+    Returns:
+        The matplotlib Axes.
+
+    Taught in chapters 2, 3 and 7.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    if isinstance(highlight, str):
+        highlight = (highlight,)
+    unknown = [name for name in highlight if name not in PIPELINE_STAGES]
+    if unknown:
+        raise ValueError(f"unknown stages {unknown}; choose from {list(PIPELINE_STAGES)}")
+    marked = set(highlight)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 9.0))
+    colours = {True: ("#E69F00", "#000000"), False: ("#EEEEEE", "#555555")}  # Okabe-Ito orange
+
+    def box(x, y, width, lines, stage):
+        fill, edge = colours[stage in marked]
+        patch = FancyBboxPatch((x - width / 2, y - 0.32), width, 0.64,
+                               boxstyle="round,pad=0.02,rounding_size=0.08",
+                               facecolor=fill, edgecolor=edge, linewidth=1.2)
+        patch.set_gid(f"stage-{stage}")
+        ax.add_patch(patch)
+        ax.text(x, y + 0.1, lines[0], ha="center", va="center", fontsize=10, weight="bold")
+        ax.text(x, y - 0.15, lines[1], ha="center", va="center", fontsize=8.5,
+                family="monospace")
+
+    def arrow(start, end):
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12,
+                                     color="#333333", linewidth=1.0))
+
+    centre, top = 3.0, 11.0
+    box(centre, top, 2.6, _STAGE_LABELS["input"], "input")
+    for column, name in zip((1.0, 3.0, 5.0), ("query", "key", "value"), strict=True):
+        letter = name[0].upper()
+        box(column, top - 1.2, 1.8, (f"W_{name}", f"{letter} (B, T, d_out)"), "projections")
+        arrow((centre, top - 0.34), (column, top - 0.86))
+    box(centre, top - 2.4, 5.8, _STAGE_LABELS["split_heads"], "split_heads")
+    for column in (1.0, 3.0, 5.0):
+        arrow((column, top - 1.54), (column, top - 2.06))
+    chain = ["scores", "scale", "mask", "softmax", "dropout", "weighted_sum"]
+    x, width, y = 2.2, 4.0, top - 3.6
+    arrow((x, top - 2.74), (x, y + 0.34))
+    for index, stage in enumerate(chain):
+        box(x, y, width, _STAGE_LABELS[stage], stage)
+        if index < len(chain) - 1:
+            arrow((x, y - 0.34), (x, y - 0.86))
+            y -= 1.2
+    # The values skip the score chain and join at the weighted sum.
+    arrow((5.0, top - 2.74), (x + width / 2 + 0.02, y))
+    ax.text(5.1, (top - 2.74 + y) / 2, "V", fontsize=10, weight="bold")
+    for stage in ("merge_heads", "out_proj"):
+        arrow((x, y - 0.34), (x, y - 0.86))
+        y -= 1.2
+        box(x, y, width, _STAGE_LABELS[stage], stage)
+    ax.set_xlim(-0.3, 6.3)
+    ax.set_ylim(y - 0.6, top + 0.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    shown = ", ".join(name.replace("_", " ") for name in PIPELINE_STAGES if name in marked)
+    ax.set_title(title or (f"Attention, step by step (highlighted: {shown})" if shown
+                           else "Attention, step by step"))
+    return ax

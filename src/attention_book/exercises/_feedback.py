@@ -1,36 +1,72 @@
 """Feedback helpers shared by every chapter's checkers.
 
-A checker prints a short, actionable report and raises ``AssertionError``
-when an answer is wrong, so that a learner sees *which* property failed, what
-was expected and what came out, plus a hint; and so that nbgrader's
-autograder marks the cell as failed.
+A public checker is a function decorated with :func:`checker`. Inside it, the helpers below
+stop at the first property that fails by raising :class:`ExerciseFailure`; the decorator
+turns that into one printed report (the property, expected vs actual, a hint) and returns
+``False``, or prints ``Correct: …`` and returns ``True``. A check cell asserts the result::
+
+    from attention_book.exercises import check_row_normalise
+
+    assert check_row_normalise(row_normalise)
+
+so the learner reads each message once, above a one-line ``AssertionError`` from their own
+cell, never a traceback through this package; and nbgrader marks a failed check as failed.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
 
 __all__ = [
-    "ExerciseFailure", "fail", "passed", "expect_shape", "expect_close", "expect_true", "call",
+    "ExerciseFailure", "checker", "fail", "passed", "expect_shape", "expect_close",
+    "expect_true", "call",
 ]
 
 
 class ExerciseFailure(AssertionError):
-    """An exercise answer broke a property; the message says which and how."""
+    """An exercise answer broke a property; the message says which and how to fix it."""
+
+
+def checker(check: Callable) -> Callable:
+    """Make ``check`` print its feedback once and return ``True`` (right) or ``False``.
+
+    Args:
+        check: a function that raises :class:`ExerciseFailure` at the first broken property
+            and calls :func:`passed` at the end.
+
+    Returns:
+        The wrapped checker, with the same name and docstring.
+    """
+
+    @functools.wraps(check)
+    def run(*args, **kwargs) -> bool:
+        try:
+            check(*args, **kwargs)
+        except ExerciseFailure as failure:
+            print(failure)
+            return False
+        except Exception as error:  # noqa: BLE001 - an odd answer must not crash the checker
+            print(f"Not yet. The checker could not use your answer: "
+                  f"{type(error).__name__}: {error}\n"
+                  "  hint:     return what the exercise asks for (a tensor of the given shape, "
+                  "or the pair it names)")
+            return False
+        return True
+
+    return run
 
 
 def fail(prop: str, *, expected: object, actual: object, hint: str) -> None:
-    """Print and raise a failure naming the property, expected vs actual, and a hint."""
-    message = (
-        f"Not yet: {prop}\n"
+    """Stop the check: ``prop`` (a statement that should hold) does not, with a hint."""
+    raise ExerciseFailure(
+        f"Not yet. The check that failed: {prop}.\n"
         f"  expected: {expected}\n"
         f"  actual:   {actual}\n"
         f"  hint:     {hint}"
     )
-    print(message)
-    raise ExerciseFailure(message)
 
 
 def passed(what: str) -> None:
@@ -38,15 +74,19 @@ def passed(what: str) -> None:
     print(f"Correct: {what}")
 
 
-def call(fn: Callable, *args, prop: str = "your function runs", **kwargs):
+def call(fn: Callable, *args, prop: str = "your function runs without an error", **kwargs):
     """Call the learner's ``fn``; an exception becomes feedback, not a bare traceback."""
     if not callable(fn):
-        fail(prop, expected="a function", actual=type(fn).__name__,
+        fail("the answer is a function", expected="a function", actual=type(fn).__name__,
              hint="pass the function itself, without calling it")
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
-        raise
+        name = getattr(fn, "__name__", "your function")
+        raise ExerciseFailure(
+            f"Not yet. You have not written `{name}` yet: replace `raise NotImplementedError()` "
+            "in its answer cell with your code, run that cell, then run this check again."
+        ) from None
     except Exception as error:  # noqa: BLE001 - any error in learner code becomes feedback
         fail(prop, expected="no error", actual=f"{type(error).__name__}: {error}",
              hint="run your function on a small input in a cell of its own and read the error")
@@ -61,11 +101,11 @@ def expect_true(prop: str, condition: bool, *, expected: object, actual: object,
 def expect_shape(name: str, tensor: object, shape: Sequence[int], *, hint: str) -> None:
     """Fail unless ``tensor`` is a tensor of exactly ``shape``."""
     if not isinstance(tensor, torch.Tensor):
-        fail(f"{name} is a tensor", expected=f"a torch.Tensor of shape {tuple(shape)}",
+        fail(f"a tensor comes back for {name}", expected=f"a torch.Tensor of shape {tuple(shape)}",
              actual=type(tensor).__name__, hint=hint)
     if tuple(tensor.shape) != tuple(shape):
-        fail(f"{name} has the right shape", expected=tuple(shape), actual=tuple(tensor.shape),
-             hint=hint)
+        fail(f"the shape of {name} is {tuple(shape)}", expected=tuple(shape),
+             actual=tuple(tensor.shape), hint=hint)
 
 
 def expect_close(
@@ -79,12 +119,15 @@ def expect_close(
 ) -> None:
     """Fail unless ``actual`` has ``expected``'s shape and values (within tolerance)."""
     expect_shape(name, actual, expected.shape, hint=hint)
-    actual = actual.detach().to(expected.dtype)
+    actual = actual.detach().to(dtype=expected.dtype, device=expected.device)
     if torch.isnan(actual).any():
-        fail(f"{name} has no NaN", expected="finite values", actual="NaN at some positions",
-             hint=hint)
+        where = tuple(torch.nonzero(torch.isnan(actual))[0].tolist())
+        fail(f"{name} holds no NaN", expected="finite values",
+             actual=f"NaN, for example at index {where}", hint=hint)
     if not torch.allclose(actual, expected, atol=atol, rtol=rtol):
-        worst = (actual - expected).abs().max().item()
-        fail(f"{name} has the right values",
-             expected=f"values within atol={atol} of the reference",
-             actual=f"largest difference {worst:.4g}", hint=hint)
+        gap = (actual - expected).abs()
+        where = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
+        fail(f"the values of {name} match the reference", expected=(
+                 f"{expected[where].item():.4g} at index {where} (and every value within "
+                 f"{atol:g} of the reference)"),
+             actual=f"{actual[where].item():.4g} at index {where}", hint=hint)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..attention import softmax
-from ._feedback import call, expect_close, passed
+from ._feedback import call, checker, expect_close, passed
 
 __all__ = ["check_row_normalise"]
 
 
+@checker
 def check_row_normalise(fn) -> None:
     """Check ``fn(x)`` divides each row of a non-negative matrix by its sum.
 

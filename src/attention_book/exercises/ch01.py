@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._feedback import call, expect_close, expect_shape, passed
+from ._feedback import call, checker, expect_close, expect_shape, passed
 
 __all__ = ["check_average_so_far", "check_window_average", "check_offset_matrix"]
 
@@ -31,6 +31,7 @@ def _reference_encoding(context_length: int, d_model: int) -> torch.Tensor:
     return encoding
 
 
+@checker
 def check_average_so_far(fn) -> None:
     """Check ``fn(x)`` returns the running average over tokens, for ``(..., T, d)`` input.
 
@@ -56,6 +57,7 @@ def check_average_so_far(fn) -> None:
     passed("token t is the average of tokens 0 ... t, for any number of leading dims.")
 
 
+@checker
 def check_window_average(fn) -> None:
     """Check ``fn(x, window)`` averages the last ``window`` tokens up to each position.
 
@@ -84,6 +86,7 @@ def check_window_average(fn) -> None:
     passed("each token averages itself and the window - 1 tokens before it.")
 
 
+@checker
 def check_offset_matrix(fn) -> None:
     """Check ``fn(offset, d_model)`` maps the encoding of position p to that of p + offset.
 

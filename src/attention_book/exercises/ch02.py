@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ._feedback import call, expect_close, expect_shape, expect_true, passed
+from ._feedback import call, checker, expect_close, expect_shape, expect_true, passed
 
 __all__ = ["check_stable_softmax", "check_attend", "check_cosine_attention_weights"]
 
 
+@checker
 def check_stable_softmax(fn) -> None:
     """Check ``fn(x, dim=-1)`` is a softmax along ``dim`` that does not overflow.
 
@@ -42,6 +43,7 @@ def check_stable_softmax(fn) -> None:
     passed("your softmax matches torch.softmax, along any dim, even for scores of 1000.")
 
 
+@checker
 def check_attend(fn) -> None:
     """Check ``fn(queries, memory)`` returns dot-product context vectors and weights.
 
@@ -73,6 +75,7 @@ def check_attend(fn) -> None:
     passed("every query gets a weighted sum of the memory, with weights from dot products.")
 
 
+@checker
 def check_cosine_attention_weights(fn) -> None:
     """Check ``fn(x)`` is the softmax of cosine similarities, so length cannot matter.
 

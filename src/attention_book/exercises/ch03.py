@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._feedback import call, expect_close, expect_shape, expect_true, fail, passed
+from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = ["check_linear_from_parameter", "check_attention_scores", "check_split_merged"]
 
 
+@checker
 def check_linear_from_parameter(fn) -> None:
     """Check ``fn(W)`` returns a bias-free ``nn.Linear`` that computes ``x @ W``.
 
@@ -55,6 +56,7 @@ def _reference_scores(x, W_query, W_key):
     return (x @ W_query) @ (x @ W_key).transpose(-2, -1)  # (..., T, T)
 
 
+@checker
 def check_attention_scores(fn) -> None:
     """Check ``fn(x, W_query, W_key)`` returns unscaled scores for any leading dims.
 
@@ -80,6 +82,7 @@ def check_attention_scores(fn) -> None:
     passed("one implementation gives the scores for (T, d), (B, T, d) and (B, H, T, d).")
 
 
+@checker
 def check_split_merged(fn) -> None:
     """Check ``fn(merged, d_out)`` factors a rank-``d_out`` matrix as ``W_query @ W_key.T``.
 

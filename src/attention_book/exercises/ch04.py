@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ._feedback import call, expect_close, expect_shape, expect_true, fail, passed
+from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = ["check_scaled_scores", "check_softmax_entropy", "check_softmax_jacobian"]
 
@@ -19,6 +19,7 @@ def _matches(actual: torch.Tensor, candidate: torch.Tensor) -> bool:
     )
 
 
+@checker
 def check_scaled_scores(fn) -> None:
     """Check ``fn(queries, keys)`` returns ``queries @ keys^T / sqrt(d_k)`` for batched heads.
 
@@ -71,6 +72,7 @@ def check_scaled_scores(fn) -> None:
     passed("the dot products are divided by sqrt(d_k), the per-head key size.")
 
 
+@checker
 def check_softmax_entropy(fn) -> None:
     """Check ``fn(weights)`` returns the entropy (in nats) of each row, with 0 * log 0 = 0.
 
@@ -98,6 +100,7 @@ def check_softmax_entropy(fn) -> None:
     passed("entropy is log(T) for a uniform row and 0 for a one-hot row.")
 
 
+@checker
 def check_softmax_jacobian(fn) -> None:
     """Check ``fn(weights)`` returns the softmax Jacobian ``diag(w) - w w^T`` of a 1-D ``w``.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._feedback import call, expect_close, expect_shape, expect_true, fail, passed
+from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = ["check_causal_mask", "check_masked_softmax", "check_batch_mask"]
 
@@ -34,6 +34,7 @@ def _same(actual: object, candidate: torch.Tensor) -> bool:
     return torch.allclose(actual, candidate, atol=1e-5)
 
 
+@checker
 def check_causal_mask(fn) -> None:
     """Check ``fn(num_tokens)`` returns the boolean causal mask, True = may attend.
 
@@ -69,6 +70,7 @@ def check_causal_mask(fn) -> None:
     passed("True on and below the diagonal: every token sees itself and the past, never the future.")
 
 
+@checker
 def check_masked_softmax(fn) -> None:
     """Check ``fn(scores, mask)``: ``-inf`` where ``mask`` is False, softmax, zeros for empty rows.
 
@@ -105,6 +107,7 @@ def check_masked_softmax(fn) -> None:
     passed("blocked keys get exactly 0, allowed weights sum to 1, an empty row gives zeros.")
 
 
+@checker
 def check_batch_mask(fn) -> None:
     """Check ``fn(lengths, max_len)`` returns the combined causal and key-padding mask ``(B, 1, T, T)``.
 

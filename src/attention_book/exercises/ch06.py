@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ._feedback import call, expect_close, expect_shape, expect_true, fail, passed
+from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = ["check_inverted_dropout", "check_mean_tolerance", "check_weights_with_dropout"]
 
@@ -60,6 +60,7 @@ def _check_dropout_pattern(name: str, actual: torch.Tensor, weights: torch.Tenso
                 hint="multiply the kept entries by 1 / (1 - p) and leave nothing else changed")
 
 
+@checker
 def check_inverted_dropout(fn) -> None:
     """Check ``fn(weights, p)`` zeroes each entry with probability p and scales the rest by 1/(1-p).
 
@@ -84,6 +85,7 @@ def check_inverted_dropout(fn) -> None:
            "so every weight keeps its expected value.")
 
 
+@checker
 def check_mean_tolerance(fn) -> None:
     """Check ``fn(weight, p, num_draws, z)`` returns ``z`` standard errors of the dropout mean.
 
@@ -119,6 +121,7 @@ def check_mean_tolerance(fn) -> None:
            "four times the draws halve it.")
 
 
+@checker
 def check_weights_with_dropout(fn) -> None:
     """Check ``fn(scores, p, training)``: softmax, then dropout only when ``training`` is True.
 

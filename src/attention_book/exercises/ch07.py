@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from ._feedback import call, expect_close, expect_shape, expect_true, fail, passed
+from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_split_heads",
@@ -21,6 +21,7 @@ def _numbered(*shape: int) -> torch.Tensor:
     return torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape)
 
 
+@checker
 def check_split_heads(fn) -> None:
     """Check ``fn(x, num_heads)`` turns ``(B, T, d_out)`` into ``(B, num_heads, T, head_dim)``.
 
@@ -48,6 +49,7 @@ def check_split_heads(fn) -> None:
     passed("every head now holds its own head_dim-sized slice of every token.")
 
 
+@checker
 def check_merge_heads(fn) -> None:
     """Check ``fn(context)`` turns ``(B, num_heads, T, head_dim)`` into ``(B, T, d_out)``.
 
@@ -80,6 +82,7 @@ def _reference_param_count(d_in: int, d_out: int, qkv_bias: bool) -> int:
     return qkv + out_proj
 
 
+@checker
 def check_mha_param_count(fn) -> None:
     """Check ``fn(d_in, d_out, num_heads, qkv_bias)`` counts a ``MultiHeadAttention``'s parameters.
 
@@ -121,6 +124,7 @@ def check_mha_param_count(fn) -> None:
            "a GPT-2 layer (d=768, 12 heads, qkv bias) has 2,362,368.")
 
 
+@checker
 def check_expand_kv(fn) -> None:
     """Check ``fn(kv, num_heads)`` repeats key/value heads for grouped-query attention.
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ._feedback import call, expect_close, expect_shape, expect_true, fail, passed
+from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = ["check_top_head", "check_previous_token_score", "check_weights_from_projections"]
 
@@ -19,6 +19,7 @@ def _random_attentions(num_layers: int, num_heads: int, num_tokens: int, seed: i
     ]
 
 
+@checker
 def check_top_head(fn) -> None:
     """Check ``fn(attentions, query_index, key_index)`` returns the ``(layer, head)`` whose
     weight from the query token to the key token is the largest.
@@ -53,6 +54,7 @@ def check_top_head(fn) -> None:
     passed("you find the head that attends most from one token to another, by computation.")
 
 
+@checker
 def check_previous_token_score(fn) -> None:
     """Check ``fn(weights)`` returns, for each head, the mean weight a token gives the token
     just before it: ``weights[h, t, t - 1]`` averaged over ``t = 1 … T - 1``.
@@ -81,6 +83,7 @@ def check_previous_token_score(fn) -> None:
     passed("a score of 1 means the head always looks one token back.")
 
 
+@checker
 def check_weights_from_projections(fn) -> None:
     """Check ``fn(queries, keys, num_heads)`` splits ``(B, T, d_out)`` queries and keys into
     heads and returns the attention weights ``softmax(q k^T / sqrt(head_dim))``.

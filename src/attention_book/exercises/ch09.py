@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ._feedback import call, expect_close, expect_shape, fail, passed
+from ._feedback import call, checker, expect_close, expect_shape, fail, passed
 
 __all__ = ["check_mean_pool", "check_gather_word", "check_attention_to_cue"]
 
 
+@checker
 def check_mean_pool(fn) -> None:
     """Check ``fn(x, lengths)`` averages the real (unpadded) token vectors of each sentence.
 
@@ -30,6 +31,7 @@ def check_mean_pool(fn) -> None:
     passed("every sentence is averaged over its own words only.")
 
 
+@checker
 def check_gather_word(fn) -> None:
     """Check ``fn(context, word_index)`` picks, for each sentence, the context vector at
     position ``word_index[b]``.
@@ -50,6 +52,7 @@ def check_gather_word(fn) -> None:
     passed("the head will read exactly the ambiguous word's context vector.")
 
 
+@checker
 def check_attention_to_cue(fn) -> None:
     """Check ``fn(weights, word_index, cue_index)`` returns ``weights[b, h, word_index[b],
     cue_index[b]]`` for every sentence ``b`` and head ``h``.

@@ -9,7 +9,7 @@ import torch
 
 from ..attention import causal_mask
 from ..kv_cache import kv_cache_bytes
-from ._feedback import call, expect_true, fail, passed
+from ._feedback import call, checker, expect_true, fail, passed
 
 __all__ = [
     "check_attention_flops",
@@ -24,6 +24,7 @@ def _expect_int(name: str, value: object, hint: str) -> None:
         fail(f"{name} is an int", expected="an int", actual=type(value).__name__, hint=hint)
 
 
+@checker
 def check_attention_flops(fn) -> None:
     """Check ``fn(batch_size, num_heads, num_tokens, head_dim)`` counts attention's FLOPs.
 
@@ -54,6 +55,7 @@ def check_attention_flops(fn) -> None:
            "four times the work.")
 
 
+@checker
 def check_online_max_and_sum(fn) -> None:
     """Check ``fn(scores)`` returns ``(max, sum(exp(scores - max)))`` of a 1-D tensor.
 
@@ -104,6 +106,7 @@ def check_online_max_and_sum(fn) -> None:
     passed("one pass gives the maximum and the rescaled sum, even for scores near 1000.")
 
 
+@checker
 def check_kv_cache_size(fn) -> None:
     """Check ``fn(num_layers, batch_size, num_kv_heads, head_dim, context_length,
     bytes_per_element)`` returns the bytes of a full KV cache.
@@ -133,6 +136,7 @@ def check_kv_cache_size(fn) -> None:
            "heads, a smaller cache.")
 
 
+@checker
 def check_decoding_mask(fn) -> None:
     """Check ``fn(num_new, num_keys)`` returns the bottom-right aligned causal mask.
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from .. import bug_zoo
 from ..diagnose import DiagnosisReport, diagnose
-from ._feedback import call, expect_close, expect_true, fail, passed
+from ._feedback import call, checker, expect_close, expect_true, fail, passed
 
 __all__ = ["check_fixed_masking", "check_split_merge_heads", "check_fixed_dropout"]
 
@@ -33,6 +33,7 @@ def _expect_checks(report: DiagnosisReport, must_pass: tuple[str, ...], what: st
         )
 
 
+@checker
 def check_fixed_masking(fn) -> None:
     """Check ``fn(query, key, value, mask=None)`` masks with -inf before the softmax.
 
@@ -55,6 +56,7 @@ def check_fixed_masking(fn) -> None:
     passed("masked scores are -inf before the softmax, so padding gets exactly zero weight.")
 
 
+@checker
 def check_split_merge_heads(split_heads, merge_heads) -> None:
     """Check ``split_heads(x, num_heads)`` and ``merge_heads(x)`` keep tokens apart.
 
@@ -99,6 +101,7 @@ def check_split_merge_heads(split_heads, merge_heads) -> None:
     passed("each head sees every token, and merging undoes the split exactly.")
 
 
+@checker
 def check_fixed_dropout(layer_class) -> None:
     """Check ``layer_class(d_in, d_out, context_length, dropout)`` drops out only in training.
 

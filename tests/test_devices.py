@@ -1,0 +1,197 @@
+"""Every public function and module follows the device and dtype of its inputs or parameters.
+
+Two kinds of test:
+
+* **On a device** (the ``device`` fixture: the CPU in the test command, CUDA under
+  ``make test-gpu``), in float32, float64 and bfloat16: results come back on the inputs'
+  device and in their dtype, and they equal the float32/float64 reference within a
+  tolerance that fits the dtype.
+* **Factories that forget the device**, caught without a GPU: the call runs on CPU inputs
+  while torch's *default* device is ``meta``. A tensor created inside the package without
+  ``device=`` (the slip that made ``diagnose`` call a healthy CUDA layer broken) then lands
+  on ``meta`` and the call fails, so these tests would have caught it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import attention_book as ab  # noqa: E402
+from attention_book import bug_zoo  # noqa: E402
+from attention_book.data import encode_splits, load_ambiguity_dataset  # noqa: E402
+from attention_book.diagnose import diagnose  # noqa: E402
+from attention_book.exercises import check_row_normalise  # noqa: E402
+from attention_book.train import (  # noqa: E402
+    AttentionClassifier,
+    AveragingClassifier,
+    evaluate_accuracy,
+    mean_attention_to,
+    train_classifier,
+)
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16]
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 3e-2}
+
+
+def _randn(*shape, device, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+
+def _same_place(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> None:
+    assert tensor.device.type == device.type, (tensor.device, device)
+    assert tensor.dtype == dtype, (tensor.dtype, dtype)
+
+
+def _close(actual, expected, dtype):
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), atol=tol, rtol=tol)
+
+
+@pytest.fixture(scope="module")
+def tensors():
+    _, _, tensors = encode_splits(load_ambiguity_dataset())
+    return tensors
+
+
+# --------------------------------------------------------------------------- on a device
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_core_functions_stay_on_the_inputs_device(device, dtype):
+    query, key, value = (_randn(2, 3, 5, 8, device=device, dtype=dtype, seed=s) for s in (0, 1, 2))
+    mask = ab.causal_mask(5, device=device)  # (T, T)
+    _same_place(mask, device, torch.bool)
+    output, weights = ab.scaled_dot_product_attention(query, key, value, mask)
+    _same_place(output, device, dtype)
+    _same_place(weights, device, dtype)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), key.double(), value.double(), attn_mask=mask)
+    _close(output, reference, dtype)
+    _same_place(ab.softmax(query), device, dtype)
+    padding = ab.padding_mask(torch.tensor([5, 2], device=device), 5)
+    _same_place(padding, device, torch.bool)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+def test_layers_and_kv_cache_follow_their_parameters(device, dtype, num_kv_heads):
+    torch.manual_seed(0)
+    naive = ab.GroupedQueryAttention(16, 16, 4, num_kv_heads, context_length=8).to(device, dtype)
+    fused = ab.GroupedQueryAttention(16, 16, 4, num_kv_heads, context_length=8,
+                                     backend="sdpa").to(device, dtype)
+    fused.load_state_dict(naive.state_dict())
+    x = _randn(2, 7, 16, device=device, dtype=dtype)
+    with torch.no_grad():
+        full = naive(x)
+        _same_place(full, device, dtype)
+        _close(fused(x), full, dtype)
+        cache = ab.KVCache(8)
+        steps = [fused(x[:, t:t + 1], kv_cache=cache) for t in range(7)]
+    _same_place(cache.keys, device, dtype)
+    _close(torch.cat(steps, dim=1), full, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tiled_attention_matches_the_fused_kernel(device, dtype):
+    query, key, value = (_randn(1, 2, 40, 8, device=device, dtype=dtype, seed=s) for s in (3, 4, 5))
+    output = ab.tiled_attention(query, key, value, block_size=16, is_causal=True)
+    _same_place(output, device, dtype)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), key.double(), value.double(), is_causal=True)
+    _close(output, reference, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_diagnose_judges_layers_where_they_live(device, dtype):
+    torch.manual_seed(0)
+    healthy = ab.MultiHeadAttention(6, 8, 2, context_length=8).to(device, dtype)
+    report = diagnose(healthy)
+    assert report.ok, str(report)
+    bug = bug_zoo.BUGS["MultiHeadScaledByWidth"]
+    broken = bug.build().to(device, dtype)
+    assert diagnose(broken).failed == [bug.check]
+    function_bug = bug_zoo.BUGS["attention_softmax_over_queries"]
+    report = diagnose(function_bug.build(), device=device, dtype=dtype)
+    assert report.failed == [function_bug.check]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_classifier_trains_and_is_measured_on_its_device(device, dtype, tensors):
+    data = {split: {name: value[:96].to(device) for name, value in tensors[split].items()}
+            for split in ("train", "validation")}
+    for model_class in (AttentionClassifier, AveragingClassifier):
+        torch.manual_seed(0)
+        model = model_class(79, 8, d_model=16, dtype=dtype, device=device)
+        history = train_classifier(model, data["train"], data["validation"], epochs=1)
+        assert len(history["val_accuracy"]) == 2
+        assert 0.0 <= evaluate_accuracy(model, data["validation"]) <= 1.0
+        logits = model(data["validation"]["token_ids"], data["validation"]["lengths"],
+                       data["validation"]["word_index"])
+        _same_place(logits, device, dtype)
+        assert torch.isfinite(logits.float()).all()
+        if model_class is AttentionClassifier:
+            assert 0.0 <= mean_attention_to(model, data["validation"], "cue_index") <= 1.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pictures_accept_weights_from_any_device_and_dtype(device, dtype):
+    weights = torch.softmax(_randn(1, 2, 3, 3, device=device, dtype=dtype), dim=-1)
+    ax = ab.plot_attention(weights[0, 0], ["a", "b", "c"])
+    plt.close(ax.figure)
+    axes = ab.plot_heads(weights, ["a", "b", "c"])
+    plt.close(axes.flat[0].figure)
+    html = ab.head_view(weights, ["a", "b", "c"], element_id="device-test")
+    assert "bertviz-device-test" in html.data
+
+
+def test_checkers_accept_answers_that_come_back_on_another_device(device):
+    assert check_row_normalise(lambda x: (x / x.sum(dim=-1, keepdim=True)).to(device))
+
+
+# --------------------------------------------------------------------------- forgotten devices
+
+
+@pytest.fixture
+def default_device_meta():
+    """Make torch's default device ``meta`` for the duration of a test."""
+    previous = torch.get_default_device()
+    torch.set_default_device("meta")
+    yield
+    torch.set_default_device(previous)
+
+
+def test_no_factory_in_the_layers_forgets_the_device(default_device_meta):
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    layer = ab.GroupedQueryAttention(8, 8, 4, 2, context_length=6, device=cpu)
+    fused = ab.MultiHeadAttention(8, 8, 2, context_length=6, backend="sdpa", device=cpu)
+    x = torch.ones(2, 5, 8, device=cpu)
+    mask = ab.padding_mask(torch.tensor([5, 3], device=cpu), 5)
+    with torch.no_grad():
+        _same_place(layer(x, mask), cpu, torch.float32)
+        _same_place(fused(x), cpu, torch.float32)
+        cache = ab.KVCache(6)
+        for t in range(5):
+            _same_place(fused(x[:, t:t + 1], kv_cache=cache), cpu, torch.float32)
+    query = torch.ones(1, 2, 20, 4, device=cpu)
+    _same_place(ab.tiled_attention(query, query, query, block_size=8, is_causal=True),
+                cpu, torch.float32)
+
+
+def test_no_factory_in_the_classifier_forgets_the_device(default_device_meta, tensors):
+    cpu = torch.device("cpu")
+    data = {split: {name: value[:64].to(cpu) for name, value in tensors[split].items()}
+            for split in ("train", "validation")}
+    model = AttentionClassifier(79, 8, d_model=16, device=cpu)
+    train_classifier(model, data["train"], data["validation"], epochs=1)
+    assert evaluate_accuracy(model, data["validation"]) >= 0.0
+    assert not math.isnan(mean_attention_to(model, data["validation"], "distractor_index"))
