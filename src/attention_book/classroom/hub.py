@@ -36,6 +36,10 @@ def _names(users: Iterable[str], what: str) -> list[str]:
     return names
 
 
+def _set(names: Iterable[str]) -> str:
+    return "{" + ", ".join(repr(name) for name in sorted(set(names))) + "}"
+
+
 def jupyterhub_config(*, students: Sequence[str], instructors: Sequence[str],
                       bind_url: str = "http://127.0.0.1:8000", hub_port: int = 8081,
                       proxy_api_port: int = 8001, state_dir: str | os.PathLike = "/srv/jupyterhub",
@@ -89,8 +93,8 @@ def jupyterhub_config(*, students: Sequence[str], instructors: Sequence[str],
         f"c.ConfigurableHTTPProxy.api_url = 'http://127.0.0.1:{proxy_api_port}'",
         f"c.ConfigurableHTTPProxy.pid_file = {str(state / 'proxy.pid')!r}",
         "# Unix accounts log in with their password (PAM, JupyterHub's default).",
-        f"c.Authenticator.allowed_users = {set(students) | set(instructors)!r}",
-        f"c.Authenticator.admin_users = {set(instructors)!r}",
+        f"c.Authenticator.allowed_users = {_set(students + instructors)}",
+        f"c.Authenticator.admin_users = {_set(instructors)}",
         "# One server per user, started as that Unix user in their home folder.",
         'c.JupyterHub.spawner_class = "localprocess"',
         f"c.Spawner.cmd = {list(server_command)!r}",

@@ -118,7 +118,7 @@ def written_answers(instructor) -> dict[str, str]:
 
 
 def mistaken(exercise: CodeExercise) -> str:
-    """A plausible wrong answer: the right one, with every float result 10 % too large.
+    """A plausible wrong answer: the right one, with every number it returns 10 % too large.
 
     Args:
         exercise: an exercise whose solution defines exactly one function.
@@ -141,9 +141,12 @@ def mistaken(exercise: CodeExercise) -> str:
             "    def _off(value):\n"
             "        if _torch.is_tensor(value) and value.is_floating_point():\n"
             "            return value * 1.1\n"
+            "        if isinstance(value, int | float) and not isinstance(value, bool):\n"
+            "            return value * 1.1 + 0.1\n"
+            "        if isinstance(value, list | tuple):\n"
+            "            return type(value)(_off(item) for item in value)\n"
             "        return value\n\n"
-            "    result = _first_try(*args, **kwargs)\n"
-            "    return tuple(map(_off, result)) if isinstance(result, tuple) else _off(result)\n")
+            "    return _off(_first_try(*args, **kwargs))\n")
 
 
 def chapter_imports(instructor) -> str:
