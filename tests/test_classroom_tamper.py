@@ -83,6 +83,8 @@ HEALTHY_ANSWERS = {
                                    "    def forward(self, x):\n"
                                    "        return super().forward(x)",
     "the answer bound to a library function": "stable_softmax = torch.softmax",
+    "a forward borrowed from the package": "class FixedBlogAttention(nn.Module):\n"
+                                           "    forward = attention_book.modules.MultiHeadAttention.forward",
 }
 
 

@@ -141,11 +141,11 @@ class StudentFeedback(Preprocessor):
 
     def _traceback(self, output, printed: str) -> list[str]:
         frames, dropped = [], 0
-        for entry in output.get("traceback", [])[1:-1]:
+        for entry in output.get("traceback", [])[:-1]:
             plain = _ANSI.sub("", entry)
             match = _CELL_FRAME.match(plain)
             if not match:
-                dropped += 1
+                dropped += plain.lstrip().startswith("File ")  # a frame in an installed file
                 continue
             count, line = int(match["count"]), int(match["line"])
             hidden = self._hidden_by_count.get(count, set())

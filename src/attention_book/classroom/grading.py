@@ -29,7 +29,7 @@ from pathlib import Path
 
 import nbformat
 
-from .course import NbgraderError, run_nbgrader, submissions_of
+from .course import run_nbgrader, submissions_of
 from .tamper import ScanReport, exercise_of, scan_notebook
 
 TAMPER_COMMENT = "Tamper scan: score set to 0 (the instructor can override it). "
@@ -288,10 +288,7 @@ def export_grades(course_dir: str | os.PathLike, assignments: list[str] | None =
     args = ["export", "--to", to]
     for assignment in assignments:
         args += ["--assignment", assignment]
-    try:
-        run_nbgrader(course, *args, log_name="export.log")
-    except NbgraderError:
-        raise
+    run_nbgrader(course, *args, log_name="export.log")
     rows = exercise_scores(course, assignments)
     path = course / exercises_to
     with path.open("w", newline="", encoding="utf-8") as handle:

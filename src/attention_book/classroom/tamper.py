@@ -21,8 +21,9 @@ each line that
 - takes the answer from the package instead of writing it: an answer name bound to an
   imported object (``stable_softmax = torch.softmax``), a reference to one of
   ``attention_book.bug_zoo``'s healthy specimens (``healthy_attention``,
-  ``HealthyCausalAttention``, …) in an answer, or a class built on a healthy specimen that
-  does not write its own ``forward``.
+  ``HealthyCausalAttention``, …) in an answer, a class built on a healthy specimen that
+  does not write its own ``forward``, or a class whose ``forward`` is borrowed from an
+  imported one.
 
 A line of a scratch cell that the student version itself holds (the chapter's own set-up
 code, e.g. the Colab install cell that reads ``sys.modules``) is not reported.
@@ -344,6 +345,13 @@ class _CellScanner(ast.NodeVisitor):
                 self.flag(node, f"builds {node.name} on the healthy "
                                 f"{self._healthy_name(healthy_bases[0])} without writing its "
                                 "own forward: the answer is the package's code")
+        for item in node.body:
+            if (isinstance(item, ast.Assign) and isinstance(item.value, ast.Name | ast.Attribute)
+                    and any(isinstance(t, ast.Name) and t.id in {"forward", "__call__"}
+                            for t in item.targets)
+                    and (_root(item.value) in self.imported or self._healthy_name(item.value))):
+                self.flag(item, f"borrows {_chain(item.value)} as {node.name}'s forward: the "
+                                "answer is existing code")
         # Bases are checked here; the other parts of the class as usual.
         for item in node.body + node.decorator_list + node.keywords:
             self.visit(item)
