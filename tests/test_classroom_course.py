@@ -201,3 +201,17 @@ class _Recorder:
         value = _Recorder()
         object.__setattr__(self, name, value)
         return value
+
+
+def test_a_submission_waiting_in_the_exchange_counts(tmp_path):
+    """generate must not regenerate a chapter that students submitted but nobody collected."""
+    from attention_book.classroom import submissions_of
+
+    course = tmp_path / "course"
+    write_course_config(course)
+    inbound = tmp_path / "exchange" / "attention-step-by-step" / "inbound"
+    (inbound / "ann+02_dot_product_attention+2026-11-20 10:00:00.000000 UTC").mkdir(parents=True)
+    config = course / "nbgrader_config.py"
+    config.write_text(config.read_text() + f'c.Exchange.root = "{tmp_path / "exchange"}"\n')
+    assert submissions_of(course, "02_dot_product_attention") == ["ann"]
+    assert submissions_of(course, "04_scaling") == []

@@ -280,8 +280,34 @@ def select_chapters(root: str | os.PathLike, selectors: Iterable[str] | None = N
     return sorted(chosen, key=chapter_number)
 
 
+def _exchange_inbound(course: Path, assignment: str) -> set[str]:
+    """Students whose submission of ``assignment`` waits in the exchange, not yet collected."""
+    if not (course / INSTRUCTOR_CONFIG).exists():
+        return set()
+    try:
+        from jupyter_core.paths import jupyter_config_path
+        from traitlets.config import Config
+        from traitlets.config.loader import ConfigFileNotFound, PyFileConfigLoader
+
+        config = Config()
+        for folder in [*reversed(jupyter_config_path()), str(course)]:  # lowest priority first
+            try:
+                config.merge(PyFileConfigLoader(INSTRUCTOR_CONFIG, path=folder).load_config())
+            except ConfigFileNotFound:
+                continue
+        root = config.Exchange.get("root", "/srv/nbgrader/exchange")
+        course_id = config.CourseDirectory.get("course_id", COURSE_ID)
+    except Exception:  # noqa: BLE001 - no readable config: nothing to find
+        return set()
+    inbound = Path(str(root), str(course_id), "inbound")
+    if not inbound.is_dir():
+        return set()
+    return {path.name.split("+")[0] for path in inbound.glob(f"*+{assignment}+*")}
+
+
 def submissions_of(course_dir: str | os.PathLike, assignment: str) -> list[str]:
-    """Who has handed in ``assignment``: the gradebook, ``submitted/`` and ``autograded/``.
+    """Who has handed in ``assignment``: the gradebook, ``submitted/``, ``autograded/`` and
+    the exchange's inbound folder (submitted, not collected yet).
 
     Args:
         course_dir: the course folder.
@@ -293,6 +319,7 @@ def submissions_of(course_dir: str | os.PathLike, assignment: str) -> list[str]:
     course = Path(course_dir)
     students = {path.parent.name for folder in ("submitted", "autograded")
                 for path in course.glob(f"{folder}/*/{assignment}") if path.is_dir()}
+    students |= _exchange_inbound(course, assignment)
     database = course / "gradebook.db"
     if database.exists():
         from nbgrader.api import Gradebook, MissingEntry
