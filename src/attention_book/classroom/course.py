@@ -359,8 +359,9 @@ def prepare_course(course_dir: str | os.PathLike, chapters: Sequence[str | os.Pa
         course_id: nbgrader's course id.
 
     Returns:
-        A :class:`CourseBuild` whose ``released`` is still empty and whose ``skipped``
-        names the chapters that already have submissions.
+        A :class:`CourseBuild` whose ``released`` maps each copied chapter to its copy in
+        ``source/`` (:func:`build_assignments` replaces it by the student version) and whose
+        ``skipped`` names the chapters that already have submissions.
     """
     course = Path(course_dir).resolve()
     build = CourseBuild(config=write_course_config(course, course_id))
@@ -376,7 +377,7 @@ def prepare_course(course_dir: str | os.PathLike, chapters: Sequence[str | os.Pa
         target = course / "source" / assignment
         target.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(chapter, target / f"{assignment}.ipynb")
-        build.released[assignment] = target / f"{assignment}.ipynb"  # replaced below
+        build.released[assignment] = target / f"{assignment}.ipynb"
     return build
 
 
