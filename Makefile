@@ -47,10 +47,28 @@ execute: $(STAMP)
 practice: $(STAMP)
 	$(BIN)/python -m attention_book.classroom.practice
 
-## assignments: nbgrader student versions of every chapter into build/classroom/release
-.PHONY: assignments
+## assignments: nbgrader student versions of the chosen chapters in a course folder outside
+## the clone, e.g. make assignments COURSE_DIR=$HOME/attention-course CHAPTERS="02 04"
+## (CHAPTERS empty: every chapter). Safe to rerun on a running course: your
+## nbgrader_config.py is kept and a chapter with submissions is left alone.
+## autograde, feedback, grades: the course commands for ASSIGNMENT=02_dot_product_attention
+## (autograde runs nbgrader, then the tamper scan; grades writes grades.csv and exercises.csv)
+COURSE_DIR ?=
+CHAPTERS ?=
+ASSIGNMENT ?=
+CLASSROOM = $(BIN)/python -m attention_book.classroom
+.PHONY: assignments autograde feedback grades
 assignments: $(STAMP)
-	$(BIN)/python -m attention_book.classroom --course-dir build/classroom
+	$(CLASSROOM) generate --course-dir "$(COURSE_DIR)" $(if $(strip $(CHAPTERS)),--chapters $(CHAPTERS))
+
+autograde: $(STAMP)
+	$(CLASSROOM) autograde "$(ASSIGNMENT)" --course-dir "$(COURSE_DIR)"
+
+feedback: $(STAMP)
+	$(CLASSROOM) feedback "$(ASSIGNMENT)" --course-dir "$(COURSE_DIR)"
+
+grades: $(STAMP)
+	$(CLASSROOM) export --course-dir "$(COURSE_DIR)"
 
 ## test-gpu: the device tests on CUDA (not part of `make test`: CI has no GPU). Fails, with a
 ## message, on a machine where PyTorch sees no CUDA device; never passes silently.

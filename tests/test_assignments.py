@@ -3,15 +3,15 @@
 What runs (once per test session, in a temporary nbgrader course, nothing written into
 the repository):
 
-1. ``build_assignments`` copies *every* chapter into ``source/`` and runs
-   ``nbgrader generate_assignment``; every student version is checked for leaked
+1. ``build_assignments`` copies *every* chapter into ``source/`` of a course folder outside
+   the clone and runs ``nbgrader generate_assignment``; every student version is checked for leaked
    solution or hidden-test text, for the ``raise NotImplementedError()`` stub in each
    answer cell, and for the checker call still in each check cell.
 2. For a representative subset of chapters, two submissions are autograded with
    ``nbgrader autograde``: the instructor notebook (solutions in) as student
    ``instructor-key`` and the untouched student notebook as student ``blank-student``.
    Scores are read from the gradebook: the key gets full marks on every autograded cell,
-   the blank notebook gets zero on every one.
+   the blank notebook gets zero on every one, and the tamper scan finds nothing in either.
 
 The autograde subset (autograding executes a whole chapter twice, and all chapters
 would take too long on 2 cores): chapter 00, which demonstrates the exercise format,
@@ -39,6 +39,7 @@ from attention_book.classroom import (
     main,
     run_nbgrader,
 )
+from attention_book.classroom.grading import scan_submissions
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = find_chapters(ROOT)
@@ -65,7 +66,9 @@ def course(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def released(course) -> dict[str, Path]:
     """Generate the student version of every chapter (``make assignments``)."""
-    return build_assignments(ROOT, course)
+    build = build_assignments(ROOT, course)
+    assert build.skipped == {}
+    return build.released
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +159,15 @@ def test_untouched_student_notebook_gets_zero(chapter, autograded):
     assert earned == {}, f"an empty answer earns points in {chapter.name}: {earned}"
 
 
+@pytest.mark.parametrize("chapter", SUBSET, ids=lambda path: path.stem)
+def test_key_and_blank_submissions_scan_clean(chapter, autograded):
+    results = scan_submissions(autograded, chapter.stem)
+    assert sorted(r.student for r in results) == sorted([KEY, BLANK])
+    for result in results:
+        assert result.scan.findings == [], [f.describe() for f in result.scan.findings]
+        assert result.scan.missing_locked == []
+
+
 def test_leak_detector_finds_solution_text():
     """The leak check itself can fail: a student copy with the solution in is caught."""
     answer = nbformat.v4.new_code_cell(
@@ -180,7 +192,24 @@ def test_leak_detector_finds_solution_text():
 
 
 def test_command_fails_clearly_without_chapters(tmp_path, capsys):
-    (tmp_path / "chapters").mkdir()
-    assert main(["--root", str(tmp_path)]) == 1
+    (tmp_path / "repo" / "chapters").mkdir(parents=True)
+    course = tmp_path / "course"
+    assert main(["generate", "--root", str(tmp_path / "repo"), "--course-dir", str(course)]) == 1
     assert "no chapter notebooks" in capsys.readouterr().err
-    assert not (tmp_path / "build").exists()
+    assert not (course / "source").exists()
+
+
+def test_command_needs_a_course_folder_outside_the_clone(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("COURSE_DIR", raising=False)
+    assert main(["generate", "--root", str(ROOT)]) == 2
+    assert "COURSE_DIR" in capsys.readouterr().err
+    assert main(["generate", "--root", str(ROOT), "--course-dir", str(ROOT / "build" / "c")]) == 1
+    assert "inside the repository" in capsys.readouterr().err
+    assert not (ROOT / "build" / "c").exists()
+
+
+def test_command_names_an_unknown_chapter(tmp_path, capsys):
+    assert main(["generate", "--root", str(ROOT), "--course-dir", str(tmp_path / "c"),
+                 "--chapters", "02", "99"]) == 1
+    err = capsys.readouterr().err
+    assert "no chapter matches '99'" in err and "02_dot_product_attention" in err

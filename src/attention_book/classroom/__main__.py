@@ -1,5 +1,5 @@
-"""``python -m attention_book.classroom``: see :mod:`attention_book.classroom.course`."""
+"""``python -m attention_book.classroom``: see :mod:`attention_book.classroom.cli`."""
 
-from .course import main
+from .cli import main
 
 raise SystemExit(main())

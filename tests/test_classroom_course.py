@@ -1,0 +1,217 @@
+"""The course workflow's parts that need no nbgrader run: config, chapters, errors, feedback.
+
+The end-to-end runs are ``tests/test_classroom_scenario.py`` (four students, local) and
+``tests/test_jupyterhub.py`` (a real hub); these fast tests pin down the rules they rely on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from traitlets.config.loader import PyFileConfigLoader
+
+from attention_book.classroom import nbgrader_errors, select_chapters, write_course_config
+from attention_book.classroom.course import BOOK_CONFIG, check_course_dir
+from attention_book.classroom.feedback import (
+    HIDDEN_NOTE,
+    StudentFeedback,
+    shorten_paths,
+    strip_hidden_tests,
+)
+from attention_book.classroom.hub import course_roster_lines, exchange_config, jupyterhub_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(course: Path):
+    return PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_config_is_written_once_and_loads_the_books_settings(tmp_path):
+    done = write_course_config(tmp_path)
+    assert any("wrote nbgrader_config.py" in line for line in done)
+    config = _load(tmp_path)
+    assert config.OverwriteCells.add_missing_cells is True
+    assert config.CourseDirectory.course_id == "attention-step-by-step"
+    assert "attention_book.classroom.feedback.StudentFeedback" in \
+        config.GenerateFeedback.preprocessors
+
+    instructor = tmp_path / "nbgrader_config.py"
+    instructor.write_text(instructor.read_text() + 'c.Exchange.root = "/srv/ex"\n'
+                          'c.CourseDirectory.course_id = "my-course"\n')
+    (tmp_path / BOOK_CONFIG).write_text("c = get_config()\n")  # stale: generate rewrites it
+    done = write_course_config(tmp_path)
+    assert any("kept your nbgrader_config.py" in line for line in done)
+    config = _load(tmp_path)
+    assert config.Exchange.root == "/srv/ex"
+    assert config.CourseDirectory.course_id == "my-course"  # the instructor's line wins
+    assert config.OverwriteCells.add_missing_cells is True
+
+
+def test_an_old_config_gets_the_load_line_and_keeps_every_line(tmp_path):
+    old = ('c = get_config()\nc.CourseDirectory.root = "/old"\n'
+           'c.Exchange.root = "/srv/nbgrader/exchange"\n')
+    (tmp_path / "nbgrader_config.py").write_text(old)
+    done = write_course_config(tmp_path)
+    assert any("added one line" in line for line in done)
+    text = (tmp_path / "nbgrader_config.py").read_text()
+    assert all(line in text for line in old.splitlines())
+    config = _load(tmp_path)
+    assert config.Exchange.root == "/srv/nbgrader/exchange"
+    assert config.CourseDirectory.root == "/old"
+    assert config.OverwriteCells.add_missing_cells is True
+
+
+def test_course_id_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="course_id"):
+        write_course_config(tmp_path, "two words")
+
+
+def test_course_folder_must_be_outside_the_clone(tmp_path):
+    assert check_course_dir(tmp_path / "course", ROOT) == (tmp_path / "course").resolve()
+    for inside in (ROOT, ROOT / "build" / "classroom"):
+        with pytest.raises(ValueError, match="inside the repository"):
+            check_course_dir(inside, ROOT)
+
+
+# --------------------------------------------------------------------------- chapters
+
+
+def test_chapters_are_chosen_by_number_or_name():
+    chosen = select_chapters(ROOT, ["04", "2", "02_dot_product_attention"])
+    assert [path.stem[:2] for path in chosen] == ["02", "04"]
+    assert select_chapters(ROOT, "02 04") == chosen
+    assert len(select_chapters(ROOT)) == len(list((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")))
+    with pytest.raises(ValueError, match="no chapter matches 'ch2'"):
+        select_chapters(ROOT, ["ch2"])
+    with pytest.raises(TypeError):
+        select_chapters(ROOT, [2])
+
+
+# --------------------------------------------------------------------------- nbgrader's log
+
+
+def test_the_real_cause_is_picked_out_of_nbgrader_log():
+    log = """[GenerateAssignmentApp | WARNING] Removing existing assignment: /c/release/a
+[GenerateAssignmentApp | ERROR] There was an error processing assignment: /c/source/./a
+[GenerateAssignmentApp | ERROR] Traceback (most recent call last):
+      File "/v/nbgrader/preprocessors/savecells.py", line 36, in _create_notebook
+        raise RuntimeError(
+        ^^^^^^^^^^^^^^^^^^^
+    RuntimeError: Cannot add or remove cells for notebook 'a' because there are submissions
+
+[GenerateAssignmentApp | ERROR] There was an error processing assignment 'a' for student '.'
+[GenerateAssignmentApp | ERROR] Please see the the above traceback for details on the specific errors.
+"""
+    causes = nbgrader_errors(log)
+    assert causes[-1] == ("RuntimeError: Cannot add or remove cells for notebook 'a' because "
+                          "there are submissions")
+    assert not any("above traceback" in cause for cause in causes)
+    assert nbgrader_errors("[AutogradeApp | INFO] all good\n") == []
+    with pytest.raises(TypeError):
+        nbgrader_errors(None)
+
+
+# --------------------------------------------------------------------------- feedback
+
+
+def test_hidden_tests_are_replaced_by_one_note():
+    source = ("from x import check_f\n\nassert check_f(f)\n### BEGIN HIDDEN TESTS\n"
+              "_x = f(2)\nassert _x == 4\n### END HIDDEN TESTS\nprint('after')")
+    stripped = strip_hidden_tests(source)
+    assert "_x" not in stripped and "HIDDEN TESTS" not in stripped
+    assert stripped.splitlines() == ["from x import check_f", "", "assert check_f(f)",
+                                     HIDDEN_NOTE, "print('after')"]
+
+
+def test_paths_are_shortened():
+    text = "File /root/.venv/lib/python3.11/site-packages/attention_book/x.py:12 and /tmp/a/b"
+    assert shorten_paths(text) == "File …/x.py:12 and …/b"
+    assert shorten_paths("see https://example.org/a/b") == "see https://example.org/a/b"
+
+
+def _error_cell(source, count, frames, ename, evalue, printed=""):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.execution_count = count
+    cell.metadata["mystnb"] = {"image": {"alt": "A heatmap."}}
+    outputs = []
+    if printed:
+        outputs.append(nbformat.v4.new_output("stream", name="stdout", text=printed))
+    outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue,
+                                          traceback=["\x1b[0;31m----\x1b[0m header", *frames,
+                                                     f"{ename}: {evalue}"]))
+    cell.outputs = outputs
+    return cell
+
+
+def test_feedback_tracebacks_keep_the_notebook_and_lose_the_package():
+    source = ("check_f(f)\n### BEGIN HIDDEN TESTS\n_y = f(3)\nassert _y == 9\n"
+              "### END HIDDEN TESTS")
+    message = "Not yet: f(2) is 4\n  expected: 4\n  actual:   5"
+    frames = ["Cell In[7], line 1\n----> 1 check_f(f)\n      2 ### BEGIN HIDDEN TESTS\n"
+              "      3 _y = f(3)",
+              "File /opt/venv/lib/python3.11/site-packages/attention_book/exercises/_feedback.py:33,"
+              " in fail\n---> 33 raise ExerciseFailure(message)"]
+    visible = _error_cell(source, 7, frames, "ExerciseFailure", message, printed=message + "\n")
+    hidden = _error_cell(source, 8, ["Cell In[8], line 4\n----> 4 assert _y == 9"],
+                         "AssertionError", "")
+    blank = _error_cell("f(1)", 9, [], "NotImplementedError", "")
+    notebook = nbformat.v4.new_notebook(cells=[visible, hidden, blank])
+    notebook, _ = StudentFeedback().preprocess(notebook, {})
+    first = notebook.cells[0].outputs[-1]["traceback"]
+    text = "\n".join(first)
+    assert "check_f(f)" in text and "_y = f(3)" not in text and "HIDDEN" not in text
+    assert "/opt/venv" not in text and "_feedback.py" not in text
+    assert first[-1] == "ExerciseFailure: see the message printed above"
+    assert notebook.cells[0].source.splitlines() == ["check_f(f)", HIDDEN_NOTE]
+    second = notebook.cells[1].outputs[-1]["traceback"]
+    assert second[0].startswith("In a hidden test") and "_y == 9" not in "\n".join(second)
+    assert "not answered yet" in notebook.cells[2].outputs[-1]["traceback"][-1]
+    assert notebook.cells[0].metadata["alt"] == "A heatmap."
+
+
+# --------------------------------------------------------------------------- hub config
+
+
+def test_hub_config_names_the_course_accounts_and_the_proxy():
+    text = jupyterhub_config(students=["ann", "bob"], instructors=["ida"],
+                             bind_url="http://127.0.0.1:9000", proxy_command=["/x/chp"],
+                             service_token="t0k")
+    namespace = {"get_config": lambda: _Recorder()}
+    exec(compile(text, "jupyterhub_config.py", "exec"), namespace)  # noqa: S102 - our own text
+    assert "c.Authenticator.admin_users = {'ida'}" in text
+    assert "'/x/chp'" in text and "course-admin" in text
+    with pytest.raises(ValueError, match="students"):
+        jupyterhub_config(students=[], instructors=["ida"])
+    with pytest.raises(ValueError, match="user name"):
+        jupyterhub_config(students=["a b"], instructors=["ida"])
+    assert "c.Exchange.root = '/srv/ex'" in exchange_config("/srv/ex")
+    assert "{'id': 'ann'}" in course_roster_lines(["ann"])
+
+
+class _Recorder:
+    """Accepts any ``c.X.y = value`` a config file writes."""
+
+    def __getattr__(self, name):
+        value = _Recorder()
+        object.__setattr__(self, name, value)
+        return value
+
+
+def test_a_submission_waiting_in_the_exchange_counts(tmp_path):
+    """generate must not regenerate a chapter that students submitted but nobody collected."""
+    from attention_book.classroom import submissions_of
+
+    course = tmp_path / "course"
+    write_course_config(course)
+    inbound = tmp_path / "exchange" / "attention-step-by-step" / "inbound"
+    (inbound / "ann+02_dot_product_attention+2026-11-20 10:00:00.000000 UTC").mkdir(parents=True)
+    config = course / "nbgrader_config.py"
+    config.write_text(config.read_text() + f'c.Exchange.root = "{tmp_path / "exchange"}"\n')
+    assert submissions_of(course, "02_dot_product_attention") == ["ann"]
+    assert submissions_of(course, "04_scaling") == []

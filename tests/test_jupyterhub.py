@@ -1,0 +1,424 @@
+"""A real JupyterHub course: release, fetch, submit, collect, autograde, feedback, export.
+
+What runs (all on 127.0.0.1, everything removed afterwards, also when the test fails):
+
+- three new local Unix accounts with unique names (``useradd``; the test runs as root, as
+  the project's machines and CI do): an instructor and two students;
+- JupyterHub (PyPI ``jupyterhub``, pinned) with ``configurable-http-proxy`` (npm, pinned),
+  configured by :func:`attention_book.classroom.hub.jupyterhub_config`, and nbgrader's
+  exchange in a shared folder (:func:`~attention_book.classroom.hub.exchange_config`);
+- the instructor, as that Unix user: ``python -m attention_book.classroom generate``
+  (chapter 02) and ``nbgrader release_assignment``;
+- each student *through the hub*: their single-user server is started by the hub, and the
+  test drives it through the proxy with that student's own API token: nbgrader's
+  assignment-list extension fetches, the contents API saves the work, the extension submits;
+- the instructor: ``nbgrader collect``, the tamper-aware ``autograde``, ``nbgrader
+  generate_feedback`` (the book's config adds its feedback preprocessor),
+  ``nbgrader release_feedback`` and ``export``; the student fetches the feedback through
+  the hub; the instructor's own server serves the formgrader at ``/user/<name>/formgrader``.
+
+Student A hands in the instructor's solutions. Student B hands in, exercise by exercise,
+a correct answer plus a scratch line ``inputs = torch.randn(2, 3)`` (trial D2: full marks),
+a rebound checker with no code (trial D1/F: 0), and a correct answer with patched
+``_feedback.fail`` and ``torch.testing.assert_close`` (trial D1: 0, by the tamper scan).
+The exported scores per exercise are asserted exactly.
+
+Every user's server and the instructor's commands run on the book's environment: when its
+Python is not readable by other accounts (a pyenv Python under /root), the test copies the
+interpreter and its standard library into its temporary folder, and a ``.pth`` file there
+adds the book's site-packages.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attention_book.classroom.hub import course_roster_lines, exchange_config, jupyterhub_config
+from attention_book.classroom.simulate import PATCH_HELPERS, code_exercises, rebind_checkers
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTER = "02"
+COURSE = "attention-step-by-step"
+PROXY = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _readable_by_others(path: Path) -> bool:
+    """Whether an account other than root can reach and read ``path``."""
+    path = path.resolve()
+    for parent in [*reversed(path.parents), path]:
+        mode = parent.stat().st_mode
+        if parent != path and not mode & 0o001:
+            return False
+    return bool(path.stat().st_mode & 0o004)
+
+
+def _user_python(base: Path) -> tuple[Path, dict[str, str]]:
+    """A Python that every account can run and that sees the book's packages.
+
+    Returns the interpreter and the environment variables it needs. When the book's base
+    Python is not readable by other accounts (pyenv under /root), its interpreter and
+    standard library (not its site-packages) are copied into ``base``, and a ``.pth`` file
+    there adds the book's virtual environment.
+    """
+    base_prefix = Path(sys.base_prefix)
+    if _readable_by_others(Path(os.path.realpath(sys._base_executable))) and \
+            _readable_by_others(Path(sysconfig.get_paths()["stdlib"])):  # noqa: SLF001
+        return Path(sys.executable), {}
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    copy = base / "python"
+    (copy / "bin").mkdir(parents=True)
+    shutil.copy2(base_prefix / "bin" / version, copy / "bin" / version)
+    (copy / "bin" / "python").symlink_to(version)
+    (copy / "bin" / "python3").symlink_to(version)
+    (copy / "lib").mkdir()
+    for library in (base_prefix / "lib").glob("libpython*"):
+        shutil.copy2(library, copy / "lib" / library.name, follow_symlinks=False)
+    shutil.copytree(base_prefix / "lib" / version, copy / "lib" / version,
+                    ignore=shutil.ignore_patterns("site-packages", "test", "idlelib", "tkinter"))
+    site = copy / "lib" / version / "site-packages"
+    site.mkdir()
+    (site / "book_environment.pth").write_text(
+        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    alembic = copy / "bin" / "alembic"  # nbgrader runs `alembic` when it creates a gradebook
+    alembic.write_text(f"#!/bin/sh\nexec {copy / 'bin' / 'python'} -m alembic \"$@\"\n")
+    alembic.chmod(0o755)
+    return copy / "bin" / "python", {"LD_LIBRARY_PATH": str(copy / "lib")}
+
+
+class Hub:
+    """A JupyterHub process and the accounts it serves, torn down by :meth:`close`."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.users: list[str] = []
+        self.process: subprocess.Popen | None = None
+        self.url = ""
+        self.token = secrets.token_hex(32)
+        self.timings: list[tuple[str, float]] = []
+        self._clock = time.monotonic()
+
+    def lap(self, label: str) -> None:
+        """Note how long the step that just ended took (printed by ``pytest -s``)."""
+        now = time.monotonic()
+        self.timings.append((label, now - self._clock))
+        self._clock = now
+
+    # ----- accounts
+
+    def add_user(self, name: str) -> str:
+        home = self.base / "home" / name
+        subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell",
+                        "/bin/sh", name], check=True, capture_output=True)
+        self.users.append(name)
+        return name
+
+    def run_as(self, user: str, *args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+        account = pwd.getpwnam(user)
+        environment = {**env, "HOME": account.pw_dir, "USER": user, "LOGNAME": user}
+        result = subprocess.run(list(args), cwd=cwd, env=environment, user=account.pw_uid,
+                                group=account.pw_gid, extra_groups=[], capture_output=True,
+                                text=True, check=False, timeout=300)
+        self.lap(" ".join(Path(arg).name for arg in args[1:4]) + f" as {user}")
+        logs = "".join(f"\n--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}"
+                       for log in sorted((cwd / "logs").glob("*.log"))) if (cwd / "logs").is_dir() else ""
+        assert result.returncode == 0, (
+            f"{' '.join(args[:4])} as {user} failed:\n{result.stdout[-3000:]}\n"
+            f"{result.stderr[-3000:]}{logs}")
+        return result
+
+    # ----- the hub
+
+    def launch(self, config: str) -> None:
+        """Start JupyterHub in the background (:meth:`wait_ready` waits for it)."""
+        state = self.base / "hub"
+        state.mkdir(mode=0o700)
+        (state / "jupyterhub_config.py").write_text(config)
+        log = (state / "jupyterhub.log").open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(state / "jupyterhub_config.py")],
+            cwd=state, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"JupyterHub stopped:\n{self.log()}"
+            try:
+                self.api("GET", "/hub/api/")
+                self.lap("JupyterHub answers")
+                return
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.5)
+        raise AssertionError(f"JupyterHub did not answer within 90 s:\n{self.log()}")
+
+    def log(self) -> str:
+        path = self.base / "hub" / "jupyterhub.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def api(self, method: str, path: str, body=None, token: str | None = None):
+        data = None
+        headers = {"Authorization": f"token {token or self.token}"}
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers=headers)
+        with urllib.request.urlopen(request, timeout=120) as response:
+            text = response.read().decode()
+        return json.loads(text) if text.strip().startswith(("{", "[")) else text
+
+    def request_server(self, user: str) -> None:
+        """Ask the hub to start ``user``'s server (:meth:`wait_server` waits for it)."""
+        self.api("POST", f"/hub/api/users/{user}/server", {})
+
+    def wait_server(self, user: str) -> str:
+        """Wait until ``user``'s server is ready; return a new API token of that user."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            model = self.api("GET", f"/hub/api/users/{user}")
+            server = model.get("servers", {}).get("")
+            if server and server.get("ready"):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"{user}'s server did not start:\n{self.log()}")
+        token = self.api("POST", f"/hub/api/users/{user}/tokens",
+                         {"note": "course test", "expires_in": 900})
+        self.lap(f"{user}'s server is ready")
+        return token["token"]
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            # JupyterHub stops the servers and the proxy when it stops (cleanup_servers).
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        for user in self.users:
+            uid = pwd.getpwnam(user).pw_uid
+            for pid in _pids_of(uid):  # anything the test's accounts still run, by id
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["userdel", "--remove", user], check=False, capture_output=True)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _pids_of(uid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    pids.append(int(entry.name))
+            except FileNotFoundError:
+                continue
+    return pids
+
+
+def _contents(hub: Hub, user: str, token: str, path: str) -> dict:
+    quoted = urllib.parse.quote(path)
+    return hub.api("GET", f"/user/{user}/api/contents/{quoted}?content=1", token=token)
+
+
+def _b_answers(exercises) -> tuple[dict[str, str], dict[str, float]]:
+    """B's answers and the score each exercise must get (see the module docstring)."""
+    answers, expected = {}, {}
+    kinds = ["scratch-line"] + ["rebind-no-code", "patch-helpers"] * len(exercises)
+    for exercise, kind in zip(exercises, kinds, strict=False):
+        if kind == "scratch-line":
+            answers[exercise.answer_id] = exercise.solution + "\n\ninputs = torch.randn(2, 3)\n"
+            expected[exercise.exercise] = exercise.points
+        elif kind == "rebind-no-code":
+            answers[exercise.answer_id] = "".join(f"{name} = None\n" for name in
+                                                  exercise.functions) + rebind_checkers(exercise)
+            expected[exercise.exercise] = 0.0
+        else:
+            answers[exercise.answer_id] = exercise.solution + "\n\n" + PATCH_HELPERS
+            expected[exercise.exercise] = 0.0
+    return answers, expected
+
+
+# --------------------------------------------------------------------------- the test
+
+
+def test_a_course_on_jupyterhub():
+    assert os.geteuid() == 0, ("this test creates Unix accounts for JupyterHub and must run "
+                               "as root (as on the project's machines and in CI)")
+    assert PROXY.exists(), f"{PROXY} is missing: run `npm ci` (make test does)"
+    base = Path(tempfile.mkdtemp(prefix="abk-hub-"))
+    base.chmod(0o755)
+    hub = Hub(base)
+    suffix = secrets.token_hex(3)
+    try:
+        (base / "home").mkdir(mode=0o755)
+        python, python_env = _user_python(base)
+        instructor, student_a, student_b = (hub.add_user(f"abk{suffix}{role}")
+                                           for role in ("i", "a", "b"))
+        exchange = base / "exchange"
+        exchange.mkdir()
+        exchange.chmod(0o1777)
+        shared = base / "etc-jupyter"  # what /etc/jupyter holds on a real hub
+        shared.mkdir(mode=0o755)
+        (shared / "nbgrader_config.py").write_text(exchange_config(exchange, COURSE))
+        venv = Path(sys.prefix)
+        env = {
+            "PATH": f"{python.parent}:/usr/bin:/bin",
+            "JUPYTER_CONFIG_PATH": f"{shared}:{venv / 'etc' / 'jupyter'}",
+            "JUPYTER_PATH": str(venv / "share" / "jupyter"),
+            "LANG": "C.UTF-8",
+            **python_env,
+        }
+        env.update({key: value for key, value in os.environ.items()
+                    if key.startswith(("OMP_", "MKL_", "ATEN_", "OPENBLAS_", "CUBLAS_",
+                                       "PYTHONHASHSEED", "BOOK_", "KMP_"))})
+        port = _free_port()
+        hub.url = f"http://127.0.0.1:{port}"
+        hub.launch(jupyterhub_config(
+            students=[student_a, student_b], instructors=[instructor], bind_url=hub.url,
+            hub_port=_free_port(), proxy_api_port=_free_port(), state_dir=base / "hub",
+            proxy_command=[str(PROXY)], server_command=[str(python), "-m", "jupyterhub.singleuser"],
+            environment=env, service_token=hub.token))
+
+        # While the hub starts, the instructor generates chapter 02 in a course folder in
+        # their home (the formgrader serves courses inside the server's folder).
+        home = Path(pwd.getpwnam(instructor).pw_dir)
+        course = home / "course"
+        course.mkdir()
+        shutil.chown(course, instructor, instructor)
+        (home / ".jupyter").mkdir()
+        (home / ".jupyter" / "nbgrader_config.py").write_text(
+            f"c = get_config()  # noqa: F821\nc.CourseDirectory.root = {str(course)!r}\n")
+        for path in (home / ".jupyter", home / ".jupyter" / "nbgrader_config.py"):
+            shutil.chown(path, instructor, instructor)
+        hub.run_as(instructor, str(python), "-m", "attention_book.classroom", "generate",
+                   "--course-dir", str(course), "--chapters", CHAPTER, "--root", str(ROOT),
+                   cwd=course, env=env)
+        hub.wait_ready()
+        for user in (student_a, student_b, instructor):  # they start while the work goes on
+            hub.request_server(user)
+        with (course / "nbgrader_config.py").open("a") as config:
+            config.write(course_roster_lines([student_a, student_b]))
+        assignment = next(p.name for p in (course / "release").iterdir())
+        hub.run_as(instructor, str(python), "-m", "nbgrader", "release_assignment", assignment,
+                   cwd=course, env=env)
+
+        instructor_nb = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
+        exercises = code_exercises(instructor_nb)
+        answers = {student_a: {e.answer_id: e.solution for e in exercises}}
+        answers[student_b], expected_b = _b_answers(exercises)
+        expected = {student_a: {e.exercise: e.points for e in exercises},
+                    student_b: expected_b}
+
+        # Each student, through the hub: fetch, work, submit.
+        tokens = {}
+        for student in (student_a, student_b):
+            token = tokens[student] = hub.wait_server(student)
+            listed = hub.api("GET", f"/user/{student}/assignments?course_id={COURSE}",
+                             token=token)
+            assert listed["success"], listed
+            assert [a["assignment_id"] for a in listed["value"]] == [assignment]
+            fetched = hub.api("POST", f"/user/{student}/assignments/fetch",
+                              {"course_id": COURSE, "assignment_id": assignment}, token=token)
+            assert fetched["success"] and fetched["value"][0]["status"] == "fetched", fetched
+            path = f"{assignment}/{assignment}.ipynb"
+            model = _contents(hub, student, token, path)
+            notebook = nbformat.from_dict(model["content"])
+            for cell in notebook.cells:
+                grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+                if grade_id in answers[student]:
+                    cell.source = answers[student][grade_id]
+            hub.api("PUT", f"/user/{student}/api/contents/{path}",
+                    {"type": "notebook", "format": "json", "content": notebook}, token=token)
+            submitted = hub.api("POST", f"/user/{student}/assignments/submit",
+                                {"course_id": COURSE, "assignment_id": assignment}, token=token)
+            assert submitted["success"], submitted
+
+        # The instructor collects, grades, gives feedback and exports.
+        classroom = [str(python), "-m", "attention_book.classroom"]
+        hub.run_as(instructor, str(python), "-m", "nbgrader", "collect", assignment,
+                   cwd=course, env=env)
+        for student in (student_a, student_b):
+            assert (course / "submitted" / student / assignment / f"{assignment}.ipynb").exists()
+        graded = hub.run_as(instructor, *classroom, "autograde", assignment, "--course-dir",
+                            str(course), cwd=course, env=env)
+        assert "checksum" not in graded.stdout.split("(nbgrader's")[0]
+        assert f"{student_b}: answer cell" in graded.stdout
+        # The book's config adds its feedback preprocessor: plain nbgrader does the rest.
+        hub.run_as(instructor, str(python), "-m", "nbgrader", "generate_feedback", assignment,
+                   cwd=course, env=env)
+        hub.run_as(instructor, str(python), "-m", "nbgrader", "release_feedback", assignment,
+                   cwd=course, env=env)
+        hub.run_as(instructor, *classroom, "export", "--course-dir", str(course), cwd=course,
+                   env=env)
+
+        with (course / "exercises.csv").open() as handle:
+            rows = list(csv.DictReader(handle))
+        scores = {}
+        for row in rows:
+            scores.setdefault(row["student"], {})[row["exercise"]] = float(row["score"])
+        assert scores == expected
+        tainted = [row for row in rows if row["student"] == student_b and float(row["score"]) == 0]
+        assert all(row["comment"].startswith("Tamper scan") for row in tainted), tainted
+        with (course / "grades.csv").open() as handle:
+            totals = {row["student_id"]: float(row["score"]) for row in csv.DictReader(handle)}
+        assert totals == {student: sum(expected[student].values()) for student in expected}
+
+        # Student B reads the feedback through the hub: no hidden test in it.
+        token = tokens[student_b]
+        fetched = hub.api("POST", f"/user/{student_b}/assignments/fetch_feedback",
+                          {"course_id": COURSE, "assignment_id": assignment}, token=token)
+        assert fetched["success"], fetched
+        feedback_dir = _contents(hub, student_b, token, f"{assignment}/feedback")["content"]
+        assert feedback_dir, "no feedback arrived"
+        html_path = f"{feedback_dir[0]['path']}/{assignment}.html"
+        html = _contents(hub, student_b, token, html_path)["content"]
+        assert "BEGIN HIDDEN TESTS" not in html and "Tamper scan" in html
+        assert str(course) not in html and "site-packages" not in html
+
+        # The formgrader is a page of the instructor's server (trial D7).
+        token = hub.wait_server(instructor)
+        page = hub.api("GET", f"/user/{instructor}/formgrader", token=token)
+        assert "Formgrader" in page or "formgrader" in page
+        listed = hub.api("GET", f"/user/{instructor}/formgrader/api/assignments", token=token)
+        assert isinstance(listed, list), str(listed)[:1000]
+        assert [a["name"] for a in listed] == [assignment]
+    finally:
+        hub.close()
+        hub.lap("clean up")
+        for label, seconds in hub.timings:
+            print(f"{seconds:6.1f} s  {label}")
+    assert not base.exists()
+    for user in hub.users:
+        with pytest.raises(KeyError):
+            pwd.getpwnam(user)
