@@ -14,17 +14,11 @@ test failure, never a skip.
 from __future__ import annotations
 
 import functools
-import gzip
 import html.parser
 import importlib.util
-import io
 import json
-import os
 import re
-import shutil
-import threading
 from dataclasses import dataclass, field
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -32,28 +26,12 @@ import pytest
 import yaml
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
-from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each page's total transfer: the HTML and everything it loads, as compressed on the wire
 # (the test server gzips text files as GitHub Pages and other hosts do).
 MAX_PAGE_BYTES = 3_000_000
 WAIT_MS = 20_000  # the longest a page may take to typeset its math or draw a view
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-default-apps",
-    "--disable-extensions",
-]
-
-
 # --------------------------------------------------------------------------------------
 # Which pages: everything the table of contents lists, read afresh on every run.
 
@@ -82,88 +60,6 @@ PAGES = toc_pages()
 
 def book_config() -> dict:
     return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-
-
-# --------------------------------------------------------------------------------------
-# The browser and the local server.
-
-
-def chromium_executable() -> str:
-    """Debian's chromium (or ``$CHROMIUM``); fails, with the fix, when there is none."""
-    candidates = [os.environ.get("CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium"]
-    for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    ci = os.environ.get("CI", "").lower() == "true"
-    pytest.fail(
-        "no Chromium for the browser tests"
-        + (" (CI=true: a missing browser is a failure)" if ci else "")
-        + ". Install Debian's package with `tools/ensure_chromium.sh` (as root; `make test` runs "
-        "it), or point the CHROMIUM environment variable at a Chromium or Chrome binary.",
-        pytrace=False,
-    )
-
-
-@functools.cache
-def _gzipped(path: Path, mtime_ns: int) -> bytes:
-    return gzip.compress(path.read_bytes(), compresslevel=6, mtime=0)
-
-
-class _SiteHandler(SimpleHTTPRequestHandler):
-    """Serves the built site as a web host does: text files gzip-compressed when asked."""
-
-    COMPRESSIBLE = {".html", ".js", ".css", ".json", ".svg", ".txt", ".ttf", ".eot", ".inv"}
-
-    def send_head(self):
-        path = Path(self.translate_path(self.path))
-        accepts_gzip = "gzip" in self.headers.get("Accept-Encoding", "")
-        if not (accepts_gzip and path.is_file() and path.suffix in self.COMPRESSIBLE):
-            return super().send_head()
-        body = _gzipped(path, path.stat().st_mtime_ns)
-        self.send_response(200)
-        self.send_header("Content-Type", self.guess_type(str(path)))
-        self.send_header("Content-Encoding", "gzip")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        return io.BytesIO(body)
-
-    def log_message(self, format, *args):  # noqa: A002 - the base class's name
-        pass
-
-
-@dataclass
-class Site:
-    html_dir: Path
-    base_url: str
-    screenshots: Path
-
-
-@pytest.fixture(scope="session")
-def site(built_book):
-    """The built website, served from 127.0.0.1 on a free port."""
-    problems = [line for line in built_book.log.splitlines() if re.search(r"WARNING|ERROR", line)]
-    assert built_book.returncode == 0, "the book did not build, so no page can be tested:\n" + (
-        "\n".join(problems[:20]) or built_book.log[-1500:]
-    )
-    handler = functools.partial(_SiteHandler, directory=str(built_book.html_dir))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    screenshots = built_book.html_dir.parent / "screenshots"
-    shutil.rmtree(screenshots, ignore_errors=True)
-    screenshots.mkdir(parents=True)
-    yield Site(built_book.html_dir, f"http://127.0.0.1:{server.server_port}/", screenshots)
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture(scope="session")
-def browser():
-    executable = chromium_executable()
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 # --------------------------------------------------------------------------------------
@@ -349,7 +245,7 @@ def _run_axe(page) -> list[dict]:
     ]
 
 
-def visit(browser, site: Site, docname: str) -> PageReport:
+def visit(browser, site, docname: str) -> PageReport:
     """Load one page with the network closed and record everything the tests check."""
     url = urljoin(site.base_url, f"{docname}.html")
     report = PageReport(docname=docname, url=url)
