@@ -38,6 +38,20 @@ CHECKERS = sorted(
 )
 
 
+def test_no_two_chapters_export_the_same_checker_name():
+    """``attention_book.exercises`` re-exports every chapter with ``import *``: a name two
+    chapters share would silently hand one chapter the other chapter's checker."""
+    owners: dict[str, list[str]] = {}
+    for module in pkgutil.iter_modules(exercises.__path__):
+        if module.name.startswith("ch"):
+            for name in importlib.import_module(f"attention_book.exercises.{module.name}").__all__:
+                owners.setdefault(name, []).append(module.name)
+    shared = {name: chapters for name, chapters in owners.items() if len(chapters) > 1}
+    assert not shared, f"checker names exported by more than one chapter module: {shared}"
+    for name, (chapter,) in owners.items():
+        assert getattr(exercises, name).__module__ == f"attention_book.exercises.{chapter}", name
+
+
 def test_chapters_are_found():
     assert CHAPTERS, "no chapters/NN_*.ipynb found"
     assert [chapter_number(path) for path in CHAPTERS] == sorted(

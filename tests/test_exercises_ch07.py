@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from attention_book import GroupedQueryAttention, MultiHeadAttention
-from attention_book.exercises import check_cross_attention, check_load_c_attn, check_mha_to_gqa
+from attention_book.exercises import check_multi_head_cross_attention, check_load_c_attn, check_mha_to_gqa
 
 
 def test_checkers_are_reexported():
@@ -81,7 +81,7 @@ def _cross_attention_class(mistake=None):
 
 
 def test_cross_attention_accepts_the_right_answer(capsys):
-    assert check_cross_attention(_cross_attention_class()) is True
+    assert check_multi_head_cross_attention(_cross_attention_class()) is True
     out = capsys.readouterr().out
     assert out.startswith("Correct:") and "nn.MultiheadAttention" in out
 
@@ -100,12 +100,12 @@ def test_cross_attention_accepts_the_right_answer(capsys):
     ("only output", ["returns the pair (output, attn_weights)", "Return the output and the weights"]),
 ])
 def test_cross_attention_explains_typical_mistakes(mistake, fragments, capsys):
-    out = _fails(check_cross_attention, _cross_attention_class(mistake), *fragments, capsys=capsys)
+    out = _fails(check_multi_head_cross_attention, _cross_attention_class(mistake), *fragments, capsys=capsys)
     assert out.count("hint:") == 1
 
 
 def test_cross_attention_wants_the_class(capsys):
-    _fails(check_cross_attention, _cross_attention_class()(8, 8, 2), "Pass the class itself",
+    _fails(check_multi_head_cross_attention, _cross_attention_class()(8, 8, 2), "Pass the class itself",
            capsys=capsys)
 
 
@@ -114,14 +114,14 @@ def test_cross_attention_not_written_yet(capsys):
         def forward(self, x_q, x_kv, mask=None):
             raise NotImplementedError()
 
-    _fails(check_cross_attention, Blank, "You have not written `forward` yet", capsys=capsys)
+    _fails(check_multi_head_cross_attention, Blank, "You have not written `forward` yet", capsys=capsys)
 
 
 def test_cross_attention_leaves_the_global_random_state_alone():
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    check_cross_attention(_cross_attention_class())
+    check_multi_head_cross_attention(_cross_attention_class())
     assert torch.equal(torch.rand(3), expected)
 
 

@@ -10,7 +10,7 @@ import torch
 from attention_book import KVCache, causal_mask, rotary_embedding, scaled_dot_product_attention
 from attention_book.exercises import (
     check_changed_scores,
-    check_cross_attention,
+    check_masked_cross_attention,
     check_decodes_like_full_pass,
     check_fixed_rope,
     check_rope_2d,
@@ -39,7 +39,7 @@ def _unwritten(*args, **kwargs):
     raise NotImplementedError()
 
 
-@pytest.mark.parametrize("checker", [check_cross_attention, check_changed_scores, check_rope_2d,
+@pytest.mark.parametrize("checker", [check_masked_cross_attention, check_changed_scores, check_rope_2d,
                                      check_fixed_rope, check_decodes_like_full_pass])
 def test_a_blank_answer_says_it_is_not_written_yet(checker, capsys):
     assert checker(_unwritten) is False
@@ -55,7 +55,7 @@ def cross_attention(x, context, W_query, W_key, W_value, context_mask=None):
 
 
 def test_cross_attention_right_answer(capsys):
-    _passes(check_cross_attention, cross_attention, capsys)
+    _passes(check_masked_cross_attention, cross_attention, capsys)
 
 
 def test_cross_attention_with_a_causal_mask(capsys):
@@ -66,7 +66,7 @@ def test_cross_attention_with_a_causal_mask(capsys):
         return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value,
                                             allowed)
 
-    _fails(check_cross_attention, causal, capsys, "every query sees every real context token",
+    _fails(check_masked_cross_attention, causal, capsys, "every query sees every real context token",
            "no causal mask")
 
 
@@ -74,7 +74,7 @@ def test_cross_attention_ignoring_the_padding_mask(capsys):
     def unmasked(x, context, W_query, W_key, W_value, context_mask=None):
         return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value)
 
-    _fails(check_cross_attention, unmasked, capsys, "padded context tokens get zero weight",
+    _fails(check_masked_cross_attention, unmasked, capsys, "padded context tokens get zero weight",
            "context_mask[:, None, :]")
 
 
@@ -82,7 +82,7 @@ def test_cross_attention_with_keys_from_x(capsys):
     def self_attention(x, context, W_query, W_key, W_value, context_mask=None):
         return scaled_dot_product_attention(x @ W_query, x @ W_key, x @ W_value)
 
-    _fails(check_cross_attention, self_attention, capsys, "the shape of the weights is (2, 3, 5)",
+    _fails(check_masked_cross_attention, self_attention, capsys, "the shape of the weights is (2, 3, 5)",
            "the keys come from the context")
 
 
@@ -92,11 +92,11 @@ def test_cross_attention_without_the_scale(capsys):
         return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value, mask,
                                             scale=1.0)
 
-    _fails(check_cross_attention, unscaled, capsys, "the values of the weights", "1/sqrt(d_out)")
+    _fails(check_masked_cross_attention, unscaled, capsys, "the values of the weights", "1/sqrt(d_out)")
 
 
 def test_cross_attention_returning_only_the_output(capsys):
-    _fails(check_cross_attention, lambda *args: cross_attention(*args)[0], capsys,
+    _fails(check_masked_cross_attention, lambda *args: cross_attention(*args)[0], capsys,
            "returns the pair (output, weights)")
 
 

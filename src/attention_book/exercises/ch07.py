@@ -11,7 +11,7 @@ from torch import nn
 from ._feedback import ExerciseFailure, call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
-    "check_cross_attention",
+    "check_multi_head_cross_attention",
     "check_load_c_attn",
     "check_mha_to_gqa",
 ]
@@ -92,7 +92,7 @@ _WEIGHT_MISTAKES = (  # variant, the property that fails, what the answer did, t
 
 
 @checker
-def check_cross_attention(cls) -> None:
+def check_multi_head_cross_attention(cls) -> None:
     """Check a multi-head cross-attention layer against ``torch.nn.MultiheadAttention``.
 
     ``cls(d_out, d_kv, num_heads, qkv_bias=...)`` must build a layer with ``W_query``,

@@ -12,7 +12,7 @@ from ..positions import rotary_embedding
 from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
-    "check_cross_attention",
+    "check_masked_cross_attention",
     "check_changed_scores",
     "check_rope_2d",
     "check_fixed_rope",
@@ -33,7 +33,7 @@ def _close(a: object, b: torch.Tensor, atol: float = 1e-5) -> bool:
 
 
 @checker
-def check_cross_attention(fn) -> None:
+def check_masked_cross_attention(fn) -> None:
     """Check single-head cross-attention ``fn(x, context, W_query, W_key, W_value, context_mask)``.
 
     Taught in chapter 12 (Exercise 12.1).
