@@ -14,7 +14,7 @@ import pytest
 
 import attention_book
 
-TENSOR_MODULES = {"attention", "modules", "flash", "kv_cache"}
+TENSOR_MODULES = {"attention", "modules", "flash", "kv_cache", "model"}
 
 
 def _public_objects():
