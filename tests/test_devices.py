@@ -29,6 +29,12 @@ from attention_book import bug_zoo  # noqa: E402
 from attention_book.data import encode_splits, load_ambiguity_dataset  # noqa: E402
 from attention_book.diagnose import diagnose  # noqa: E402
 from attention_book.exercises import check_row_normalise  # noqa: E402
+from attention_book.heads import hand_built_induction_model  # noqa: E402
+from attention_book.repeat_task import (  # noqa: E402
+    induction_accuracy,
+    repeated_segments,
+    train_on_repeats,
+)
 from attention_book.train import (  # noqa: E402
     AttentionClassifier,
     AveragingClassifier,
@@ -153,6 +159,50 @@ def test_pictures_accept_weights_from_any_device_and_dtype(device, dtype):
     assert "bertviz-device-test" in html.data
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tiny_gpt_and_its_heads_follow_their_parameters(device, dtype):
+    torch.manual_seed(0)
+    model = ab.TinyGPT(16, 16, 2, 2, 16, device=device, dtype=dtype).eval()
+    reference = ab.TinyGPT(16, 16, 2, 2, 16, dtype=torch.float64).eval()
+    reference.load_state_dict({k: v.double().cpu() for k, v in model.state_dict().items()})
+    batch = repeated_segments(4, 16, 4, 16, generator=torch.Generator().manual_seed(0),
+                              device=device)
+    assert batch.tokens.device.type == device.type
+    with torch.no_grad():
+        logits, all_weights = model(batch.tokens, return_weights=True)
+    _same_place(logits, device, dtype)
+    _same_place(all_weights[1], device, dtype)
+    if dtype != torch.bfloat16:  # two layers of bfloat16 rounding exceed its tolerance
+        with torch.no_grad():
+            _close(logits, reference(batch.tokens.cpu()), dtype)
+        prompt = batch.tokens[:, :5]
+        cached = model.generate(prompt, 6)
+        assert cached.device.type == device.type
+        assert torch.equal(cached, model.generate(prompt, 6, use_cache=False))
+    for scores in (ab.previous_token_scores(model, batch.tokens),
+                   ab.induction_scores(model, batch.tokens)):
+        _same_place(scores, device, dtype)
+        assert scores.shape == (2, 2)
+    with ab.ablate_heads(model, ["L0H1"]):
+        _same_place(model(batch.tokens), device, dtype)
+    assert ab.find_heads(model, batch.tokens).previous_token.device.type == "cpu"
+    copier = hand_built_induction_model(8, 16, device=device, dtype=dtype)
+    segments = torch.stack([torch.randperm(7) + 1 for _ in range(4)]).to(device)  # (4, 7)
+    repeats = torch.cat([torch.zeros_like(segments[:, :1]), segments, segments], dim=1)
+    assert ab.induction_scores(copier, repeats)[1, 0] > 0.9
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_training_on_repeats_runs_where_the_model_lives(device, dtype):
+    torch.manual_seed(0)
+    model = ab.TinyGPT(16, 16, 2, 2, 16, attention_only=True, device=device, dtype=dtype)
+    history = train_on_repeats(model, steps=3, batch_size=4, segment_len=4, record_every=3)
+    assert history["step"] == [0, 3] and all(math.isfinite(x) for x in history["loss"])
+    assert next(model.parameters()).device.type == device.type
+    probe = repeated_segments(8, 16, 4, 16, device=device)
+    assert 0.0 <= induction_accuracy(model, probe) <= 1.0
+
+
 def test_checkers_accept_answers_that_come_back_on_another_device(device):
     assert check_row_normalise(lambda x: (x / x.sum(dim=-1, keepdim=True)).to(device))
 
@@ -195,3 +245,28 @@ def test_no_factory_in_the_classifier_forgets_the_device(default_device_meta, te
     train_classifier(model, data["train"], data["validation"], epochs=1)
     assert evaluate_accuracy(model, data["validation"]) >= 0.0
     assert not math.isnan(mean_attention_to(model, data["validation"], "distractor_index"))
+
+
+def test_no_factory_in_the_model_or_the_head_tools_forgets_the_device(default_device_meta):
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model = ab.TinyGPT(16, 16, 2, 2, 16, device=cpu)
+    batch = repeated_segments(4, 16, 4, 16, offset=6, generator=torch.Generator().manual_seed(0),
+                              device=cpu)
+    _same_place(batch.loss_mask, cpu, torch.bool)
+    with torch.no_grad():
+        _same_place(model(batch.tokens), cpu, torch.float32)
+    prompt = batch.tokens[:, :4]
+    assert torch.equal(model.generate(prompt, 5), model.generate(prompt, 5, use_cache=False))
+    _same_place(ab.previous_token_scores(model, batch.tokens), cpu, torch.float32)
+    _same_place(ab.induction_scores(model, batch.tokens), cpu, torch.float32)
+    with ab.ablate_heads(model, [(1, 0)]):
+        assert 0.0 <= induction_accuracy(model, batch) <= 1.0
+    history = train_on_repeats(model, steps=2, batch_size=4, segment_len=4, record_every=1)
+    assert len(history["loss"]) == 3
+    copier = hand_built_induction_model(8, 16, device=cpu)
+    assert str(ab.find_heads(copier, batch.tokens % 8)).startswith("head")
+    block = ab.TransformerBlock(8, 2, 4, device=cpu)
+    cache = ab.KVCache(4)
+    with torch.no_grad():
+        _same_place(block(torch.ones(1, 2, 8, device=cpu), kv_cache=cache), cpu, torch.float32)

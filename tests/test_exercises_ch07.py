@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from attention_book import GroupedQueryAttention, MultiHeadAttention
-from attention_book.exercises import check_multi_head_cross_attention, check_load_c_attn, check_mha_to_gqa
+from attention_book.exercises import check_load_c_attn, check_mha_to_gqa, check_multi_head_cross_attention
 
 
 def test_checkers_are_reexported():

@@ -10,9 +10,9 @@ import torch
 from attention_book import KVCache, causal_mask, rotary_embedding, scaled_dot_product_attention
 from attention_book.exercises import (
     check_changed_scores,
-    check_masked_cross_attention,
     check_decodes_like_full_pass,
     check_fixed_rope,
+    check_masked_cross_attention,
     check_rope_2d,
 )
 

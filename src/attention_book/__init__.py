@@ -4,13 +4,23 @@ The functional core (``softmax``, ``scaled_dot_product_attention``,
 ``causal_mask``, ``padding_mask``) is built in chapters 2-6 and the layers
 (``SelfAttention`` … ``GroupedQueryAttention``) in chapters 3-7; positions
 inside attention (``rotary_embedding``, ``alibi_bias``) in chapter 12; each
-chapter ends by asserting that this package equals the code it wrote.
+chapter ends by asserting that this package equals the code it wrote. Chapter 14 puts the layers
+inside a model (``TransformerBlock``, ``TinyGPT``) and measures what its heads do
+(``previous_token_scores``, ``induction_scores``, ``find_heads``, ``ablate_heads``).
 """
 
 from .attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
 from .diagnose import DiagnosisReport, diagnose
 from .flash import online_softmax, online_softmax_update, tile_plan, tiled_attention
+from .heads import (
+    HeadReport,
+    ablate_heads,
+    find_heads,
+    induction_scores,
+    previous_token_scores,
+)
 from .kv_cache import KVCache, kv_cache_bytes
+from .model import TinyGPT, TransformerBlock, gpt_parameter_count
 from .modules import (
     CausalSelfAttention,
     GroupedQueryAttention,
@@ -50,4 +60,12 @@ __all__ = [
     "rotary_embedding",
     "alibi_bias",
     "alibi_slopes",
+    "TransformerBlock",
+    "TinyGPT",
+    "gpt_parameter_count",
+    "previous_token_scores",
+    "induction_scores",
+    "find_heads",
+    "HeadReport",
+    "ablate_heads",
 ]

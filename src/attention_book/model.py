@@ -1,0 +1,294 @@
+"""Attention inside a model: a pre-LayerNorm Transformer block and a tiny decoder-only GPT.
+
+A :class:`TransformerBlock` reads the *residual stream* ``x`` and adds two things to it: what
+its causal :class:`~attention_book.modules.MultiHeadAttention` finds in the other tokens, and
+what a small per-token MLP computes, each from a LayerNorm-ed copy of ``x``
+(``x + attn(ln(x))``, then ``x + mlp(ln(x))``). :class:`TinyGPT` stacks such blocks between
+a token and a learned position embedding and a final LayerNorm and output layer, and
+generates greedily, with or without chapter 10's :class:`~attention_book.kv_cache.KVCache`.
+
+This module imports the layers and the cache; nothing else of the package.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import _check_positive_int
+from .kv_cache import KVCache
+from .modules import MultiHeadAttention, _check_dropout
+
+__all__ = ["TransformerBlock", "TinyGPT", "gpt_parameter_count"]
+
+
+class TransformerBlock(nn.Module):
+    """A pre-LayerNorm Transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``.
+
+    The residual stream ``x`` passes through unchanged; the causal multi-head attention and
+    the MLP (``d_model -> mlp_ratio * d_model -> d_model`` with a GELU) each read a
+    LayerNorm-ed copy of it and *add* their output. With ``attention_only=True`` the block
+    has no MLP (and no second LayerNorm): ``x + attn(ln(x))`` only.
+
+    Args:
+        d_model: width of the residual stream.
+        num_heads: attention heads; must divide ``d_model``.
+        context_length: the longest sequence accepted.
+        dropout: dropout on the attention weights and on what each branch adds to the stream.
+        mlp_ratio: the MLP's hidden width is ``mlp_ratio * d_model``.
+        qkv_bias: give the query, key and value projections a bias.
+        attention_only: leave out the MLP.
+        device: where to create the parameters.
+        dtype: the parameters' floating dtype.
+
+    Shapes:
+        x ``(B, T, d_model)`` with ``T <= context_length`` -> ``(B, T, d_model)``;
+        weights ``(B, num_heads, T, T)`` (``T_cached`` keys with a cache).
+
+    Returns:
+        ``forward(x, mask=None, return_weights=False, *, kv_cache=None)`` returns the new
+        residual stream, or ``(stream, attention weights)`` with ``return_weights=True``.
+
+    Taught in chapter 14.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        context_length: int,
+        dropout: float = 0.0,
+        mlp_ratio: int = 4,
+        qkv_bias: bool = False,
+        attention_only: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        _check_positive_int("d_model", d_model)
+        _check_positive_int("mlp_ratio", mlp_ratio)
+        _check_dropout(dropout)
+        factory = {"device": device, "dtype": dtype}
+        self.d_model = d_model
+        self.attention_only = attention_only
+        self.attention_norm = nn.LayerNorm(d_model, **factory)
+        self.attention = MultiHeadAttention(
+            d_model, d_model, num_heads, context_length=context_length, dropout=dropout,
+            qkv_bias=qkv_bias, causal=True, **factory,
+        )
+        self.attention_dropout = nn.Dropout(dropout)
+        if not attention_only:
+            hidden = mlp_ratio * d_model
+            self.mlp_norm = nn.LayerNorm(d_model, **factory)
+            self.mlp = nn.Sequential(
+                nn.Linear(d_model, hidden, **factory),
+                nn.GELU(),
+                nn.Linear(hidden, d_model, **factory),
+                nn.Dropout(dropout),
+            )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+        *,
+        kv_cache: KVCache | None = None,
+    ):
+        attn_out, attn_weights = self.attention(
+            self.attention_norm(x), mask, return_weights=True, kv_cache=kv_cache
+        )  # (B, T, d_model), (B, num_heads, T, T_k)
+        x = x + self.attention_dropout(attn_out)  # (B, T, d_model)
+        if not self.attention_only:
+            x = x + self.mlp(self.mlp_norm(x))  # (B, T, d_model)
+        return (x, attn_weights) if return_weights else x
+
+
+class TinyGPT(nn.Module):
+    """A decoder-only language model: embeddings, ``num_layers`` Transformer blocks, an output layer.
+
+    Token ``t``'s vector starts as its token embedding plus the learned embedding of its
+    position; the blocks add to it; a final LayerNorm and a linear layer (no bias) turn it
+    into logits over the vocabulary for the token at ``t + 1``. Every block's attention is
+    causal and everything else acts on one position at a time, so the logits at ``t`` depend
+    on tokens ``0 … t`` only.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: width of the residual stream.
+        num_heads: attention heads per block; must divide ``d_model``.
+        num_layers: number of blocks.
+        context_length: the longest sequence (the number of learned positions).
+        dropout: dropout in the embeddings and the blocks (training only).
+        attention_only: blocks without MLPs.
+        device: where to create the parameters.
+        dtype: the parameters' floating dtype.
+
+    Shapes:
+        idx ``(B, T)`` integer token ids, ``T <= context_length`` -> logits
+        ``(B, T, vocab_size)``; weights: one ``(B, num_heads, T, T)`` per layer.
+
+    Returns:
+        ``forward(idx)`` returns the logits, or ``(logits, [weights of each layer])`` with
+        ``return_weights=True``; ``generate(idx, max_new_tokens)`` returns
+        ``(B, T + max_new_tokens)`` token ids.
+
+    Taught in chapter 14.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        context_length: int,
+        dropout: float = 0.0,
+        attention_only: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
+                            ("num_layers", num_layers), ("context_length", context_length)):
+            _check_positive_int(name, value)
+        _check_dropout(dropout)
+        factory = {"device": device, "dtype": dtype}
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.num_layers = num_layers
+        self.context_length = context_length
+        self.token_embedding = nn.Embedding(vocab_size, d_model, **factory)
+        self.position_embedding = nn.Embedding(context_length, d_model, **factory)
+        self.embedding_dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, context_length, dropout,
+                             attention_only=attention_only, **factory)
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model, **factory)
+        self.output = nn.Linear(d_model, vocab_size, bias=False, **factory)
+
+    def _check_idx(self, idx: torch.Tensor, start: int) -> None:
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"idx must be a tensor of token ids, got {type(idx).__name__}")
+        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+            raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (B, T), got shape {tuple(idx.shape)}")
+        if start + idx.size(1) > self.context_length:
+            raise ValueError(
+                f"sequence length T={start + idx.size(1)} exceeds "
+                f"context_length={self.context_length} (idx has shape {tuple(idx.shape)})"
+            )
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.vocab_size):
+            raise ValueError(
+                f"token ids must lie in [0, vocab_size={self.vocab_size}), got ids from "
+                f"{int(idx.min())} to {int(idx.max())}"
+            )
+
+    def _forward(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None):
+        """Logits and weights of ``idx``; with caches, ``idx`` holds only the new tokens."""
+        start = 0 if kv_caches is None else len(kv_caches[0])
+        self._check_idx(idx, start)
+        positions = torch.arange(start, start + idx.size(1), device=idx.device)  # (T,)
+        x = self.token_embedding(idx) + self.position_embedding(positions)  # (B, T, d_model)
+        x = self.embedding_dropout(x)
+        all_weights = []
+        for layer, block in enumerate(self.blocks):
+            cache = None if kv_caches is None else kv_caches[layer]
+            x, attn_weights = block(x, return_weights=True, kv_cache=cache)
+            # x (B, T, d_model), attn_weights (B, num_heads, T, T_k)
+            all_weights.append(attn_weights)
+        logits = self.output(self.final_norm(x))  # (B, T, vocab_size)
+        return logits, all_weights
+
+    def forward(self, idx: torch.Tensor, return_weights: bool = False):
+        logits, all_weights = self._forward(idx)
+        return (logits, all_weights) if return_weights else logits
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True):
+        """Extend ``idx`` greedily: append the most likely next token, ``max_new_tokens`` times.
+
+        With ``use_cache=True`` each layer keeps a :class:`KVCache`: the prompt is processed
+        once, then every step feeds only the newest token, at its position. Without it, every
+        step runs the whole sequence again. The model is put in eval mode while it generates.
+
+        Args:
+            idx: the prompts.
+            max_new_tokens: how many tokens to append.
+            use_cache: decode with one key/value cache per layer.
+
+        Shapes:
+            idx ``(B, T)`` -> ``(B, T + max_new_tokens)``; ``T + max_new_tokens`` must not
+            exceed ``context_length``.
+
+        Returns:
+            The prompts followed by the generated token ids.
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
+            max_new_tokens < 0
+        ):
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        self._check_idx(idx, 0)
+        if idx.size(1) + max_new_tokens > self.context_length:
+            raise ValueError(
+                f"a prompt of {idx.size(1)} tokens plus max_new_tokens={max_new_tokens} makes "
+                f"{idx.size(1) + max_new_tokens}, which exceeds "
+                f"context_length={self.context_length}"
+            )
+        was_training = self.training
+        self.eval()
+        try:
+            kv_caches = [KVCache(self.context_length) for _ in self.blocks] if use_cache else None
+            new_tokens = idx  # (B, T): the prompt is the first input either way
+            for _ in range(max_new_tokens):
+                logits, _ = self._forward(new_tokens if use_cache else idx, kv_caches)
+                next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
+                idx = torch.cat([idx, next_token], dim=1)  # (B, T + 1)
+                new_tokens = next_token  # (B, 1)
+        finally:
+            self.train(was_training)
+        return idx
+
+
+def gpt_parameter_count(
+    vocab_size: int,
+    d_model: int,
+    num_layers: int,
+    context_length: int,
+    attention_only: bool = False,
+) -> int:
+    """The number of parameters of ``TinyGPT(vocab_size, d_model, _, num_layers, context_length)``.
+
+    Embeddings ``(V + T) d``; per block, attention ``4 d^2 + d`` (query, key, value and
+    output projections, a bias on the output only), two LayerNorms ``4 d`` and the MLP
+    ``8 d^2 + 5 d``, so ``12 d^2 + 10 d`` (``4 d^2 + 3 d`` without the MLP); then the final
+    LayerNorm ``2 d`` and the output layer ``d V``. The head count does not matter.
+
+    Args:
+        vocab_size: ``V``.
+        d_model: ``d``.
+        num_layers: ``L``.
+        context_length: ``T``, the number of learned positions.
+        attention_only: blocks without MLPs.
+
+    Shapes:
+        (numbers only)
+
+    Returns:
+        ``2 V d + T d + L (12 d^2 + 10 d) + 2 d``, or with ``4 d^2 + 3 d`` per block when
+        ``attention_only``; an int.
+
+    Taught in chapter 14.
+    """
+    for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
+                        ("num_layers", num_layers), ("context_length", context_length)):
+        _check_positive_int(name, value)
+    d = d_model
+    per_block = 4 * d * d + 3 * d if attention_only else 12 * d * d + 10 * d
+    return 2 * vocab_size * d + context_length * d + num_layers * per_block + 2 * d

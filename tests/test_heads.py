@@ -1,0 +1,167 @@
+"""Head scores, ablation and the head report, on a model whose heads were set by hand to copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention_book.heads import (
+    HeadReport,
+    ablate_heads,
+    find_heads,
+    hand_built_induction_model,
+    head_name,
+    induction_scores,
+    induction_targets,
+    previous_token_scores,
+)
+from attention_book.model import TinyGPT
+
+
+def _repeated(batch: int = 16, vocab_size: int = 8, seed: int = 0) -> torch.Tensor:
+    """``[0, s, s]``: a start token that never recurs, then a permutation of 1..V-1, twice."""
+    generator = torch.Generator().manual_seed(seed)
+    segments = torch.stack([torch.randperm(vocab_size - 1, generator=generator) + 1
+                            for _ in range(batch)])  # (B, V - 1)
+    start = torch.zeros(batch, 1, dtype=torch.long)  # (B, 1)
+    return torch.cat([start, segments, segments], dim=1)  # (B, 2 V - 1)
+
+
+def _copy_accuracy(model, tokens: torch.Tensor) -> float:
+    """How often the second copy's tokens 2, 3, ... are predicted (the induction task)."""
+    half = (tokens.size(1) - 1) // 2
+    with torch.no_grad():
+        predicted = model(tokens).argmax(-1)  # (B, T)
+    return (predicted[:, half + 1:-1] == tokens[:, half + 2:]).double().mean().item()
+
+
+@pytest.fixture(scope="module")
+def copier() -> TinyGPT:
+    return hand_built_induction_model(8, 16, dtype=torch.float64)
+
+
+def test_induction_targets_mark_the_token_after_each_earlier_copy():
+    tokens = torch.tensor([[5, 1, 2, 5, 1, 5]])
+    targets = induction_targets(tokens)[0]
+    expected = {3: [1], 4: [2], 5: [1, 4]}  # query -> keys after an earlier copy
+    for query in range(6):
+        assert targets[query].nonzero().flatten().tolist() == expected.get(query, []), query
+    assert targets.dtype == torch.bool and targets.shape == (6, 6)
+    # A repeated token right after itself: the key may be the query itself (j = t - 1).
+    assert induction_targets(torch.tensor([[3, 3]]))[0].tolist() == [[False, False], [False, True]]
+
+
+def test_hand_built_model_has_one_previous_token_head_and_one_induction_head(copier):
+    tokens = _repeated()
+    previous = previous_token_scores(copier, tokens)
+    induction = induction_scores(copier, tokens)
+    assert previous.shape == induction.shape == (2, 2)
+    # L0H0 and its decoy L0H1 look one token back; L1H0 looks where the copy continues.
+    assert previous[0, 0] > 0.99 and previous[0, 1] > 0.99
+    assert induction[1, 0] > 0.99
+    assert induction[0].max() < 0.2 and induction[1, 1] < 0.2 and previous[1].max() < 0.2
+    assert _copy_accuracy(copier, tokens) == 1.0
+
+
+def test_scores_match_a_direct_count_on_uniform_attention():
+    """A model whose heads attend uniformly: previous-token score is the mean of 1 / (t + 1)."""
+    torch.manual_seed(0)
+    model = TinyGPT(8, 8, 2, 1, 16, dtype=torch.float64)
+    with torch.no_grad():
+        model.blocks[0].attention.W_query.weight.zero_()  # equal scores: uniform weights
+    tokens = _repeated()
+    num_tokens = tokens.size(1)
+    expected_previous = sum(1 / (t + 1) for t in range(1, num_tokens)) / (num_tokens - 1)
+    torch.testing.assert_close(previous_token_scores(model, tokens),
+                               torch.full((1, 2), expected_previous, dtype=torch.float64))
+    # Each query of the second copy has one target among t + 1 keys.
+    half = (num_tokens - 1) // 2
+    expected_induction = sum(1 / (t + 1) for t in range(half + 1, num_tokens)) / half
+    torch.testing.assert_close(induction_scores(model, tokens),
+                               torch.full((1, 2), expected_induction, dtype=torch.float64))
+
+
+def test_induction_scores_need_repeats():
+    with pytest.raises(ValueError, match="occurs twice"):
+        induction_scores(hand_built_induction_model(), torch.arange(8)[None])
+    with pytest.raises(ValueError, match=r"shape \(B, T\) with T >= 2"):
+        previous_token_scores(hand_built_induction_model(), torch.zeros(4, dtype=torch.long))
+
+
+def test_scores_leave_training_mode_as_it_was(copier):
+    copier.train()
+    previous_token_scores(copier, _repeated())
+    assert copier.training
+    copier.eval()
+
+
+@pytest.mark.parametrize(("heads", "breaks"), [
+    (["L0H0"], True), ([(1, 0)], True), (["L0H1"], False), ([(1, 1)], False),
+    (["L0H1", "L1H1"], False),
+])
+def test_ablating_a_head_of_the_circuit_breaks_copying(copier, heads, breaks):
+    tokens = _repeated()
+    with ablate_heads(copier, heads):
+        accuracy = _copy_accuracy(copier, tokens)
+    assert (accuracy < 0.5) == breaks, accuracy
+    assert _copy_accuracy(copier, tokens) == 1.0  # the hooks are gone
+
+
+def test_ablation_zeroes_only_the_named_heads_output():
+    torch.manual_seed(0)
+    model = TinyGPT(8, 8, 2, 1, 8, dtype=torch.float64).eval()
+    attention = model.blocks[0].attention
+    seen = []
+    # A forward hook sees the input that forward received, after every pre-hook.
+    handle = attention.out_proj.register_forward_hook(
+        lambda module, inputs, output: seen.append(inputs[0]))
+    tokens = _repeated(2, 4)
+    with torch.no_grad():
+        model(tokens)
+        with ablate_heads(model, ["L0H1"]):
+            model(tokens)
+    handle.remove()
+    plain, ablated = seen
+    assert torch.equal(ablated[..., :4], plain[..., :4])
+    assert torch.all(ablated[..., 4:] == 0) and not torch.all(plain[..., 4:] == 0)
+
+
+@pytest.mark.parametrize(("heads", "match"), [
+    (["L2H0"], "layer 2 does not exist"), ([(0, 5)], "head 5 does not exist"),
+    (["layer0"], "looks like 'L1H2'"),
+])
+def test_ablation_names_heads_that_do_not_exist(copier, heads, match):
+    with pytest.raises(ValueError, match=match), ablate_heads(copier, heads):
+        pass
+
+
+def test_find_heads_reports_the_circuit_by_name(copier):
+    report = find_heads(copier, _repeated())
+    assert isinstance(report, HeadReport)
+    assert report.previous_token_heads == ["L0H0", "L0H1"]
+    assert report.induction_heads == ["L1H0"]
+    assert report.has_induction_circuit
+    table = str(report)
+    assert "L1H0" in table and "induction head" in table
+    assert table.splitlines()[-1] == "previous-token heads: L0H0, L0H1; induction heads: L1H0"
+
+
+def test_a_report_without_a_layer_order_has_no_circuit():
+    report = HeadReport(torch.tensor([[0.1, 0.1], [0.9, 0.1]]),
+                        torch.tensor([[0.8, 0.1], [0.1, 0.1]]))
+    assert report.previous_token_heads == ["L1H0"] and report.induction_heads == ["L0H0"]
+    assert not report.has_induction_circuit
+    assert "induction heads: L0H0" in str(report)
+    with pytest.raises(ValueError, match="threshold"):
+        find_heads(hand_built_induction_model(), _repeated(), threshold=0)
+
+
+def test_head_names():
+    assert head_name(1, 2) == "L1H2"
+
+
+def test_hand_built_model_checks_its_sizes():
+    with pytest.raises(ValueError, match=r"context_length \(30\) must be at most 3 \* vocab_size"):
+        hand_built_induction_model(8, 30)
+    model = hand_built_induction_model(5, 10)
+    assert model.d_model == 26 and model.num_heads == 2  # 3 * 5 + 10 = 25, made even
