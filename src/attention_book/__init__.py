@@ -3,14 +3,25 @@
 The functional core (``softmax``, ``scaled_dot_product_attention``,
 ``causal_mask``, ``padding_mask``) is built in chapters 2-6 and the layers
 (``SelfAttention`` … ``GroupedQueryAttention``) in chapters 3-7; positions
-inside attention (``rotary_embedding``, ``alibi_bias``) in chapter 12; each
-chapter ends by asserting that this package equals the code it wrote.
+inside attention (``rotary_embedding``, ``alibi_bias``) in chapter 12; sliding
+windows, attention sinks (``sliding_window_mask``, ``softmax_with_sink``), masks
+as rules (``mods``) and multi-head latent attention (``MultiHeadLatentAttention``)
+in chapter 13; each chapter ends by asserting that this package equals the code it wrote.
 """
 
-from .attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
+from . import mods
+from .attention import (
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+    sliding_window_mask,
+    softmax,
+    softmax_with_sink,
+)
 from .diagnose import DiagnosisReport, diagnose
 from .flash import online_softmax, online_softmax_update, tile_plan, tiled_attention
 from .kv_cache import KVCache, kv_cache_bytes
+from .latent import MultiHeadLatentAttention
 from .modules import (
     CausalSelfAttention,
     GroupedQueryAttention,
@@ -29,11 +40,15 @@ __all__ = [
     "scaled_dot_product_attention",
     "causal_mask",
     "padding_mask",
+    "sliding_window_mask",
+    "softmax_with_sink",
+    "mods",
     "SelfAttention",
     "CausalSelfAttention",
     "MultiHeadAttentionWrapper",
     "MultiHeadAttention",
     "GroupedQueryAttention",
+    "MultiHeadLatentAttention",
     "online_softmax",
     "online_softmax_update",
     "tile_plan",
