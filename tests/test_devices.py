@@ -14,6 +14,7 @@ Two kinds of test:
 
 from __future__ import annotations
 
+import copy
 import math
 
 import matplotlib
@@ -114,6 +115,59 @@ def test_tiled_attention_matches_the_fused_kernel(device, dtype):
     reference = torch.nn.functional.scaled_dot_product_attention(
         query.double(), key.double(), value.double(), is_causal=True)
     _close(output, reference, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_windows_and_sinks_follow_their_inputs(device, dtype):
+    query, key, value = (_randn(2, 3, 20, 8, device=device, dtype=dtype, seed=s) for s in (6, 7, 8))
+    window = ab.sliding_window_mask(20, 5, device=device)  # (T, T)
+    _same_place(window, device, torch.bool)
+    sink = torch.tensor([0.5, -1.0, 0.2]).to(device=device, dtype=dtype)  # (H,)
+    output, weights = ab.scaled_dot_product_attention(query, key, value, window, sink_logit=sink)
+    _same_place(output, device, dtype)
+    _same_place(weights, device, dtype)
+    reference, _ = ab.scaled_dot_product_attention(
+        query.double().cpu(), key.double().cpu(), value.double().cpu(), window.cpu(),
+        sink_logit=sink.double().cpu())
+    _close(output, reference, dtype)
+    tiled = ab.tiled_attention(query, key, value, block_size=8, window=5, sink_logit=sink)
+    _same_place(tiled, device, dtype)
+    _close(tiled, reference, dtype)
+    _same_place(ab.tiled_attention(query, key, value, block_size=8, is_causal=True, sink_logit=0.3),
+                device, dtype)
+    _same_place(ab.softmax_with_sink(query, 0.3), device, dtype)
+    rule = ab.mods.sliding_window(5)
+    _same_place(ab.mods.materialize(rule, 1, 1, 20, device=device), device, torch.bool)
+    scores = ab.mods.apply_score_mod(query @ key.transpose(-2, -1), ab.mods.alibi(3, device=device))
+    _same_place(scores, device, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend", ["naive", "sdpa"])
+def test_sink_and_latent_layers_follow_their_parameters(device, dtype, backend):
+    torch.manual_seed(0)
+    layers = {
+        "gqa": ab.GroupedQueryAttention(16, 16, 4, 2, context_length=8, sink=True, backend=backend),
+        "latent": ab.MultiHeadLatentAttention(16, 16, 4, 6, context_length=8, sink=True,
+                                              backend=backend),
+    }
+    x = _randn(2, 7, 16, device=device, dtype=dtype)
+    for layer in layers.values():
+        with torch.no_grad():
+            layer.sink_logit.copy_(torch.tensor([0.5, -1.0, 0.0, 1.0]))
+        reference = copy.deepcopy(layer).double().eval()
+        layer.to(device, dtype).eval()
+        with torch.no_grad():
+            expected = reference(x.double().cpu())
+            full = layer(x)
+            _same_place(full, device, dtype)
+            _close(full, expected, dtype)
+            cache = ab.KVCache(8)
+            steps = [layer(x[:, t:t + 1], kv_cache=cache) for t in range(7)]
+        _same_place(cache.keys, device, dtype)
+        _close(torch.cat(steps, dim=1), expected, dtype)
+    with torch.no_grad():
+        _close(layers["latent"](x, absorb=True), layers["latent"](x), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -235,6 +289,40 @@ def test_no_factory_in_the_layers_forgets_the_device(default_device_meta):
     query = torch.ones(1, 2, 20, 4, device=cpu)
     _same_place(ab.tiled_attention(query, query, query, block_size=8, is_causal=True),
                 cpu, torch.float32)
+
+
+def test_no_factory_in_the_windows_sinks_and_latents_forgets_the_device(default_device_meta):
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    x = torch.ones(2, 5, 8, device=cpu)
+    layers = [
+        ab.MultiHeadAttention(8, 8, 2, context_length=6, sink=True, device=cpu),
+        ab.GroupedQueryAttention(8, 8, 4, 2, context_length=6, sink=True, backend="sdpa",
+                                 device=cpu),
+        ab.MultiHeadLatentAttention(8, 8, 2, 4, context_length=6, sink=True, device=cpu),
+        ab.MultiHeadLatentAttention(8, 8, 2, 4, context_length=6, backend="sdpa", device=cpu),
+    ]
+    mask = ab.padding_mask(torch.tensor([5, 3], device=cpu), 5)
+    with torch.no_grad():
+        for layer in layers:
+            _same_place(layer(x, mask), cpu, torch.float32)
+            cache = ab.KVCache(6)
+            for t in range(5):
+                absorb = {"absorb": True} if isinstance(layer, ab.MultiHeadLatentAttention) else {}
+                _same_place(layer(x[:, t:t + 1], kv_cache=cache, **absorb), cpu, torch.float32)
+    _same_place(ab.sliding_window_mask(5, 2, device=cpu), cpu, torch.bool)
+    query = torch.ones(1, 2, 20, 4, device=cpu)
+    _same_place(ab.softmax_with_sink(query, 0.5), cpu, torch.float32)
+    _same_place(ab.scaled_dot_product_attention(query, query, query, sink_logit=0.5)[0],
+                cpu, torch.float32)
+    _same_place(ab.tiled_attention(query, query, query, block_size=8, window=3, sink_logit=0.5),
+                cpu, torch.float32)
+    _same_place(bug_zoo.attention_sink_as_sigmoid(query, query, query, sink_logit=0.5)[0],
+                cpu, torch.float32)
+    rule = ab.mods.padding(torch.tensor([3, 5], device=cpu))
+    _same_place(ab.mods.materialize(rule, 2, 1, 5, device=cpu), cpu, torch.bool)
+    scores = torch.zeros(1, 4, 5, 5, device=cpu)
+    _same_place(ab.mods.apply_score_mod(scores, ab.mods.alibi(4, device=cpu)), cpu, torch.float32)
 
 
 def test_no_factory_in_the_classifier_forgets_the_device(default_device_meta, tensors):

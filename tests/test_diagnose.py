@@ -83,6 +83,19 @@ HEALTHY = {
     "wrapper": lambda: attention_book.MultiHeadAttentionWrapper(6, 4, 8, 0.0, 2),
     "zoo causal": lambda: bug_zoo.HealthyCausalAttention(6, 8, 8, 0.5),
     "zoo multi-head": lambda: bug_zoo.HealthyMultiHeadAttention(6, 8, 8, 2),
+    # Chapter 13: layers with a learned sink, and multi-head latent attention.
+    "MHA sink": lambda: attention_book.MultiHeadAttention(6, 8, 2, context_length=8, sink=True),
+    "MHA sdpa sink dropout": lambda: attention_book.MultiHeadAttention(
+        6, 8, 2, context_length=8, dropout=0.2, backend="sdpa", sink=True),
+    "GQA sink": lambda: attention_book.GroupedQueryAttention(6, 8, 4, 2, context_length=8,
+                                                             sink=True),
+    "MQA sdpa sink non-causal": lambda: attention_book.GroupedQueryAttention(
+        6, 8, 4, 1, causal=False, backend="sdpa", sink=True),
+    "MLA": lambda: attention_book.MultiHeadLatentAttention(6, 8, 2, 4, context_length=8),
+    "MLA sdpa": lambda: attention_book.MultiHeadLatentAttention(6, 8, 2, 4, context_length=8,
+                                                                backend="sdpa"),
+    "MLA sink dropout": lambda: attention_book.MultiHeadLatentAttention(
+        6, 8, 2, 4, context_length=8, dropout=0.2, sink=True),
 }
 
 
@@ -301,3 +314,89 @@ def test_dropout_train_fails_a_layer_whose_training_outputs_are_nan():
     report = diagnose(NaNInTraining())
     assert report.failed == ["dropout_train"], str(report)
     assert "NaN" in report["dropout_train"].evidence
+
+
+# ----------------------------------------------------------------------------- attention sinks
+
+
+@pytest.mark.parametrize("name", list(HEALTHY))
+def test_the_sink_check_is_judged_exactly_for_code_with_a_sink(name):
+    subject = _seeded(HEALTHY[name])
+    report = diagnose(subject)
+    has_sink = "sink" in name or subject is attention_book.scaled_dot_product_attention
+    assert report["sink_denominator"].status == ("pass" if has_sink else "n/a"), str(report)
+    if "sink" in name:
+        # Its rows sum to less than 1 by design: the sink check judges them instead.
+        assert report["weights_sum"].status == "n/a"
+        assert "sink_denominator judges the rows" in report["weights_sum"].evidence
+
+
+def _sink_renormalised(query, key, value, mask=None, sink_logit=None):
+    """Broken: the sink joins the softmax, then the weights are renormalised to sum to 1."""
+    output, weights = attention_book.scaled_dot_product_attention(
+        query, key, value, mask, sink_logit=sink_logit)
+    if sink_logit is not None:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights @ value, weights
+
+
+def _fused_with_sink(query, key, value, mask=None, sink_logit=None):
+    """Healthy, and returns no weights: the sink as one more key of zeros, biased by the sink."""
+    if sink_logit is None:
+        return F.scaled_dot_product_attention(query, key, value, mask)
+    return attention_book.modules._fused_with_sink(query, key, value, mask, sink_logit, 0.0)
+
+
+def _sigmoid_without_weights(query, key, value, mask=None, sink_logit=None):
+    return bug_zoo.attention_sink_as_sigmoid(query, key, value, mask, sink_logit)[0]
+
+
+def test_sink_bugs_are_named_by_what_the_rows_sum_to():
+    renormalised = diagnose(_sink_renormalised)
+    assert renormalised.failed == ["sink_denominator"], str(renormalised)
+    assert "still sum to 1" in renormalised["sink_denominator"].evidence
+    gated = diagnose(bug_zoo.attention_sink_as_sigmoid)["sink_denominator"]
+    assert "whatever its scores" in gated.evidence and "sigmoid gate" in gated.evidence
+    # A function that returns no weights is judged by shifting its values.
+    assert diagnose(_fused_with_sink).ok
+    assert "shifting" not in diagnose(_fused_with_sink)["sink_denominator"].evidence
+    hidden = diagnose(_sigmoid_without_weights)
+    assert hidden.failed == ["sink_denominator"], str(hidden)
+    assert "whatever its scores" in hidden["sink_denominator"].evidence
+
+
+class _SigmoidSinkLayer(nn.Module):
+    """Broken two-head causal layer with a learned sink applied as a sigmoid gate."""
+
+    def __init__(self):
+        super().__init__()
+        self.d_in, self.d_out, self.num_heads, self.head_dim = 6, 8, 2, 4
+        self.context_length, self.causal = 8, True
+        self.W_query, self.W_key, self.W_value = (nn.Linear(6, 8, bias=False) for _ in range(3))
+        self.out_proj = nn.Linear(8, 8)
+        self.sink_logit = nn.Parameter(torch.tensor([0.5, -0.5]))
+
+    def forward(self, x, mask=None, return_weights=False):
+        batch, num_tokens, _ = x.shape
+        if num_tokens > self.context_length:
+            raise ValueError(f"T={num_tokens} exceeds context_length={self.context_length}")
+
+        def heads(linear):
+            return linear(x).view(batch, num_tokens, 2, 4).transpose(1, 2)  # (B, 2, T, 4)
+
+        scores = heads(self.W_query) @ heads(self.W_key).transpose(-2, -1) / 2.0  # (B, 2, T, T)
+        allowed = attention_book.causal_mask(num_tokens)
+        if mask is not None:
+            allowed = allowed & mask
+        weights = attention_book.softmax(scores.masked_fill(~allowed, float("-inf")))
+        weights = weights * torch.sigmoid(-self.sink_logit)[:, None, None]  # the bug
+        context = (weights @ heads(self.W_value)).transpose(1, 2).reshape(batch, num_tokens, 8)
+        output = self.out_proj(context)
+        return (output, weights) if return_weights else output
+
+
+def test_a_layer_whose_sink_is_a_sigmoid_gate_fails_only_the_sink_check():
+    report = diagnose(_seeded(_SigmoidSinkLayer))
+    assert report.failed == ["sink_denominator"], str(report)
+    assert "whatever its scores" in report["sink_denominator"].evidence
+    assert report["matches_reference"].evidence == "not judged: fix sink_denominator first"

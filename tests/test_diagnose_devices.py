@@ -67,6 +67,13 @@ HEALTHY = {
                                                              backend="sdpa"),
     "zoo causal dropout": lambda: bug_zoo.HealthyCausalAttention(6, 8, 8, 0.5),
     "zoo multi-head": lambda: bug_zoo.HealthyMultiHeadAttention(6, 8, 8, 2),
+    "MHA sink": lambda: attention_book.MultiHeadAttention(6, 8, 2, context_length=8, sink=True),
+    "GQA sdpa sink": lambda: attention_book.GroupedQueryAttention(
+        6, 8, 4, 2, context_length=8, backend="sdpa", sink=True),
+    "MLA sink": lambda: attention_book.MultiHeadLatentAttention(6, 8, 2, 4, context_length=8,
+                                                                sink=True),
+    "MLA sdpa": lambda: attention_book.MultiHeadLatentAttention(6, 8, 2, 4, context_length=8,
+                                                                backend="sdpa"),
 }
 
 
@@ -271,7 +278,7 @@ def test_a_new_family_is_one_registered_function(scratch_registry):
     seen = {}
 
     @register_check("toy_positions", property="a toy property", hint="a toy hint",
-                    order=1600, needs=("returns_output",))
+                    order=1700, needs=("returns_output",))
     def check_toy(ctx):
         inputs, out, _ = ctx.standard()
         seen["device"], seen["dtype"] = out.device, out.dtype

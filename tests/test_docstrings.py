@@ -14,7 +14,7 @@ import pytest
 
 import attention_book
 
-TENSOR_MODULES = {"attention", "modules", "flash", "kv_cache", "positions", "model"}
+TENSOR_MODULES = {"attention", "modules", "flash", "kv_cache", "positions", "latent", "mods", "model"}
 
 
 def _public_objects():

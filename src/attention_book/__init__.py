@@ -3,13 +3,24 @@
 The functional core (``softmax``, ``scaled_dot_product_attention``,
 ``causal_mask``, ``padding_mask``) is built in chapters 2-6 and the layers
 (``SelfAttention`` … ``GroupedQueryAttention``) in chapters 3-7; positions
-inside attention (``rotary_embedding``, ``alibi_bias``) in chapter 12; each
-chapter ends by asserting that this package equals the code it wrote. Chapter 14 puts the layers
-inside a model (``TransformerBlock``, ``TinyGPT``) and measures what its heads do
-(``previous_token_scores``, ``induction_scores``, ``find_heads``, ``ablate_heads``).
+inside attention (``rotary_embedding``, ``alibi_bias``) in chapter 12; sliding
+windows, attention sinks (``sliding_window_mask``, ``softmax_with_sink``), masks
+as rules (``mods``) and multi-head latent attention (``MultiHeadLatentAttention``)
+in chapter 13; each chapter ends by asserting that this package equals the code it wrote.
+Chapter 14 puts the layers inside a model (``TransformerBlock``, ``TinyGPT``) and measures
+what its heads do (``previous_token_scores``, ``induction_scores``, ``find_heads``,
+``ablate_heads``).
 """
 
-from .attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
+from . import mods
+from .attention import (
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+    sliding_window_mask,
+    softmax,
+    softmax_with_sink,
+)
 from .diagnose import DiagnosisReport, diagnose
 from .flash import online_softmax, online_softmax_update, tile_plan, tiled_attention
 from .heads import (
@@ -20,6 +31,7 @@ from .heads import (
     previous_token_scores,
 )
 from .kv_cache import KVCache, kv_cache_bytes
+from .latent import MultiHeadLatentAttention
 from .model import TinyGPT, TransformerBlock, gpt_parameter_count
 from .modules import (
     CausalSelfAttention,
@@ -39,11 +51,15 @@ __all__ = [
     "scaled_dot_product_attention",
     "causal_mask",
     "padding_mask",
+    "sliding_window_mask",
+    "softmax_with_sink",
+    "mods",
     "SelfAttention",
     "CausalSelfAttention",
     "MultiHeadAttentionWrapper",
     "MultiHeadAttention",
     "GroupedQueryAttention",
+    "MultiHeadLatentAttention",
     "online_softmax",
     "online_softmax_update",
     "tile_plan",

@@ -1,7 +1,8 @@
 """The functional core: softmax, scaled dot-product attention and masks.
 
 This module imports nothing else from ``attention_book``: the modules, the
-pictures and the checkers are all built on top of it.
+pictures and the checkers are all built on top of it. Chapter 13 adds the
+sliding-window mask and the softmax with an attention sink.
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["softmax", "scaled_dot_product_attention", "causal_mask", "padding_mask"]
+__all__ = [
+    "softmax",
+    "scaled_dot_product_attention",
+    "causal_mask",
+    "padding_mask",
+    "sliding_window_mask",
+    "softmax_with_sink",
+]
 
 
 def _require_float(name: str, tensor: torch.Tensor) -> None:
@@ -106,6 +114,91 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return exp / safe_total
 
 
+def _sink_column(sink_logit: float | torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The sink logit as a column ``(..., 1, 1)`` that broadcasts to ``rows`` ``(..., T_q, n)``.
+
+    A number serves every row; a tensor holds one sink per leading index (per head),
+    shared by all the query rows, and must broadcast to ``rows.shape[:-2]``.
+    """
+    if isinstance(sink_logit, torch.Tensor):
+        _require_float("sink_logit", sink_logit)
+        sink = sink_logit.to(dtype=rows.dtype, device=rows.device)
+    elif isinstance(sink_logit, (int, float)) and not isinstance(sink_logit, bool):
+        sink = torch.tensor(float(sink_logit), dtype=rows.dtype, device=rows.device)
+    else:
+        raise TypeError(
+            f"sink_logit must be a number or a floating-point tensor, got "
+            f"{type(sink_logit).__name__}"
+        )
+    if sink.dim() == 0:
+        return sink.reshape(*([1] * rows.dim()))  # (1, ..., 1)
+    leading = rows.shape[:-2]
+    try:
+        fits = rows.dim() >= sink.dim() + 2 and torch.broadcast_shapes(sink.shape, leading) == leading
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"sink_logit of shape {tuple(sink.shape)} must broadcast to the dims before the "
+            f"query and key dims of the scores {tuple(rows.shape)} (..., T_q, T_k), which are "
+            f"{tuple(leading)}: one sink per head, shared by every query"
+        )
+    return sink[..., None, None]  # (..., 1, 1)
+
+
+def softmax_with_sink(
+    scores: torch.Tensor, sink_logit: float | torch.Tensor, dim: int = -1
+) -> torch.Tensor:
+    """Softmax whose denominator also holds ``exp(sink_logit)``: an attention sink.
+
+    ``weights[j] = exp(scores[j]) / (exp(sink_logit) + sum_k exp(scores[k]))``. The
+    sink is one more score that has no value: it takes part of each row's weight,
+    so the weights sum to ``1 - exp(sink) / (exp(sink) + sum_k exp(scores[k]))``,
+    less than 1, and a query whose keys all score low can give most of its weight
+    to the sink instead of to some key. It equals the softmax over the scores with
+    the sink appended as one more column, with that column dropped afterwards.
+    ``sink_logit = -inf`` gives the plain :func:`softmax`; a fully masked row gets
+    zero weights. Computed stably: the largest of the row's scores and the sink is
+    subtracted before ``exp``.
+
+    Args:
+        scores: attention scores, masked positions already ``-inf``.
+        sink_logit: a number, or a tensor with one sink per leading index (one per
+            head), shared by every query row.
+        dim: the dimension that is normalised (the keys).
+
+    Shapes:
+        scores ``(..., T_q, T_k)`` (with ``dim`` the keys); ``sink_logit`` ``()`` or a
+        shape that broadcasts to ``(...)``, e.g. ``(num_heads,)`` for scores
+        ``(B, num_heads, T_q, T_k)``. The result has the shape of ``scores``.
+
+    Returns:
+        Non-negative weights that sum to less than 1 along ``dim``.
+
+    Taught in chapter 13.
+    """
+    _require_float("scores", scores)
+    if scores.dim() == 0:
+        raise ValueError("scores must have at least one dim to normalise, got a 0-d tensor")
+    rows = scores.movedim(dim, -1)  # (..., T_q, n)
+    if rows.dim() == 1:
+        rows = rows.unsqueeze(0)  # (1, n): a single row
+        squeeze = True
+    else:
+        squeeze = False
+    sink = _sink_column(sink_logit, rows)  # (..., 1, 1)
+    row_max = torch.maximum(rows.amax(dim=-1, keepdim=True), sink)  # (..., T_q, 1)
+    # Only when the sink is -inf and the row fully masked is the maximum -inf: shift by 0.
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    exp = torch.exp(rows - row_max)  # (..., T_q, n)
+    total = exp.sum(dim=-1, keepdim=True) + torch.exp(sink - row_max)  # (..., T_q, 1)
+    safe_total = torch.where(total > 0, total, torch.ones_like(total))
+    weights = exp / safe_total  # (..., T_q, n)
+    if squeeze:
+        weights = weights.squeeze(0)  # (n,)
+    return weights.movedim(-1, dim)
+
+
 def causal_mask(
     num_queries: int, num_keys: int | None = None, *, device: torch.device | str | None = None
 ) -> torch.Tensor:
@@ -138,6 +231,51 @@ def causal_mask(
             raise ValueError(f"{name} must be >= 0, got {value}")
     ones = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
     return torch.tril(ones, diagonal=num_keys - num_queries)  # (T_q, T_k)
+
+
+def sliding_window_mask(
+    num_queries: int,
+    window: int,
+    num_keys: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Boolean sliding-window mask: each query sees only the ``window`` most recent keys.
+
+    Query ``i`` sits at position ``p = i + T_k - T_q`` of the key sequence
+    (bottom-right alignment, as in :func:`causal_mask`) and may attend to key
+    ``j`` when ``0 <= p - j < window``: never to the future, and back at most
+    ``window - 1`` positions. ``window`` counts the query's own position, so
+    ``window=1`` lets each query see only itself, and ``window >= T_k`` gives
+    the causal mask.
+
+    Args:
+        num_queries: number of query positions ``T_q``.
+        window: how many keys each query may see, its own position included (>= 1).
+        num_keys: number of key positions ``T_k`` (default ``T_q``).
+        device: where to create the mask.
+
+    Shapes:
+        returns ``(T_q, T_k)``.
+
+    Returns:
+        A ``torch.bool`` tensor, True on a band of ``window`` diagonals ending at
+        the (shifted) main diagonal.
+
+    Taught in chapter 13.
+    """
+    if num_keys is None:
+        num_keys = num_queries
+    for name, value in (("num_queries", num_queries), ("num_keys", num_keys)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    _check_positive_int("window", window)
+    positions = torch.arange(num_queries, device=device) + (num_keys - num_queries)  # (T_q,)
+    keys = torch.arange(num_keys, device=device)  # (T_k,)
+    distance = positions.unsqueeze(1) - keys.unsqueeze(0)  # (T_q, T_k): how far back key j is
+    return (distance >= 0) & (distance < window)  # (T_q, T_k)
 
 
 def padding_mask(lengths: Sequence[int] | torch.Tensor, max_len: int) -> torch.Tensor:
@@ -182,6 +320,7 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    sink_logit: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention that returns its weights.
 
@@ -200,15 +339,19 @@ def scaled_dot_product_attention(
         dropout_p: probability of zeroing each weight after the softmax; the
             survivors are scaled by ``1 / (1 - dropout_p)``. Pass 0 in evaluation.
         scale: multiplies the scores; default ``1 / sqrt(d_k)``.
+        sink_logit: an attention sink (chapter 13): :func:`softmax_with_sink` replaces
+            the softmax, so ``exp(sink_logit)`` joins each row's denominator and the
+            weights sum to less than 1. A number, or one sink per head.
 
     Shapes:
         query ``(..., T_q, d_k)``, key ``(..., T_k, d_k)``, value ``(..., T_k, d_v)``;
-        the leading dims broadcast.
+        the leading dims broadcast. ``sink_logit`` ``()`` or broadcastable to the
+        leading dims ``(...)``, e.g. ``(num_heads,)``.
 
     Returns:
         ``(output, weights)``: output ``(..., T_q, d_v)`` and weights ``(..., T_q, T_k)``.
 
-    Taught in chapters 2-6 (scores, scaling, masks, dropout).
+    Taught in chapters 2-6 (scores, scaling, masks, dropout; the sink in chapter 13).
     """
     _check_qkv(query, key, value)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
@@ -230,7 +373,10 @@ def scaled_dot_product_attention(
 
     if allowed is not None:
         attn_scores = attn_scores.masked_fill(~allowed, float("-inf"))
-    attn_weights = softmax(attn_scores, dim=-1)  # (..., T_q, T_k)
+    if sink_logit is None:
+        attn_weights = softmax(attn_scores, dim=-1)  # (..., T_q, T_k)
+    else:
+        attn_weights = softmax_with_sink(attn_scores, sink_logit, dim=-1)  # (..., T_q, T_k)
     if dropout_p > 0.0:
         attn_weights = torch.nn.functional.dropout(attn_weights, p=dropout_p, training=True)
     output = attn_weights @ value  # (..., T_q, d_v)

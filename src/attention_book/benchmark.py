@@ -14,6 +14,11 @@ warm-up run, with ratios between rows taken in the same run:
    :func:`peak_tensor_bytes`.
 3. Generating 512 tokens one at a time, recomputing attention over the whole
    prefix at every step versus a :class:`attention_book.kv_cache.KVCache`.
+4. Only with ``--only window`` (it takes a minute or two on 2 cores): a
+   sliding window at T=16384 (B=1, 4 heads, head_dim=64, window 1024):
+   :func:`~attention_book.flash.tiled_attention` with ``window=`` against full
+   causal ``tiled_attention``, and PyTorch's fused kernel with ``is_causal=True``
+   and with the window as a boolean mask; time and peak extra memory (chapter 13).
 
 The rows of one table run interleaved (round-robin), so a change of machine
 load affects them alike. This is a benchmark, not a test: nothing in the test
@@ -45,8 +50,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .attention import causal_mask, scaled_dot_product_attention
-from .flash import tiled_attention
+from .attention import causal_mask, scaled_dot_product_attention, sliding_window_mask
+from .flash import tile_plan, tiled_attention
 from .kv_cache import KVCache
 from .modules import MultiHeadAttention
 
@@ -54,6 +59,8 @@ from .modules import MultiHeadAttention
 MHA_SHAPE = {"batch_size": 2, "num_tokens": 1024, "d_model": 768, "num_heads": 12}
 LONG_SHAPE = {"batch_size": 1, "num_heads": 12, "num_tokens": 4096, "head_dim": 64}
 DECODE_SHAPE = {"num_tokens": 512, "d_model": 384, "num_heads": 6}
+WINDOW_SHAPE = {"batch_size": 1, "num_heads": 4, "num_tokens": 16384, "head_dim": 64,
+                "window": 1024}
 # Larger tiles than the default 128 mean fewer small operations in the Python loop.
 TILE_BLOCK_SIZE = 256
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -327,7 +334,12 @@ def _memory_child(variant: str, threads: int) -> None:
     so the peak that follows belongs to this call alone.
     """
     torch.set_num_threads(threads)
-    query, key, value = _long_inputs()
+    if variant in WINDOW_VARIANTS:
+        query, key, value = _window_inputs()
+        fn = WINDOW_VARIANTS[variant]
+    else:
+        query, key, value = _long_inputs()
+        fn = LONG_VARIANTS[variant]
     with torch.no_grad():
         try:
             ctypes.CDLL(None).malloc_trim(0)
@@ -336,7 +348,7 @@ def _memory_child(variant: str, threads: int) -> None:
         with open("/proc/self/clear_refs", "w") as clear_refs:
             clear_refs.write("5")
         before_kib = _status_kib("VmRSS")
-        output = LONG_VARIANTS[variant](query, key, value)
+        output = fn(query, key, value)
         peak_kib = _status_kib("VmHWM")
     del output
     print(json.dumps({"before_kib": before_kib, "peak_kib": peak_kib}))
@@ -397,6 +409,68 @@ def bench_long(repeats: int, threads: int, device: _Device = CPU) -> str:
     ])
 
 
+def _window_inputs(device: _Device = CPU) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch_size, num_heads, num_tokens, head_dim, _ = WINDOW_SHAPE.values()
+    torch.manual_seed(0)
+    shape = (batch_size, num_heads, num_tokens, head_dim)
+    return tuple(device.tensor(torch.randn(shape)) for _ in range(3))  # (B, H, T, head_dim)
+
+
+def _window_mask(query: torch.Tensor) -> torch.Tensor:
+    return sliding_window_mask(query.size(-2), WINDOW_SHAPE["window"], device=query.device)  # (T, T)
+
+
+WINDOW_VARIANTS: dict[str, Callable[..., torch.Tensor]] = {
+    "tiled_attention, causal": lambda q, k, v: tiled_attention(
+        q, k, v, block_size=TILE_BLOCK_SIZE, is_causal=True),
+    "tiled_attention, window": lambda q, k, v: tiled_attention(
+        q, k, v, block_size=TILE_BLOCK_SIZE, window=WINDOW_SHAPE["window"]),
+    "F.sdpa, is_causal": lambda q, k, v: (
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)),
+    "F.sdpa, window mask": lambda q, k, v: (
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(q))),
+}
+
+
+def bench_window(repeats: int, threads: int, device: _Device = CPU) -> str:
+    """Target 4 (chapter 13): a sliding window against full causal attention at T=16384."""
+    query, key, value = _window_inputs(device)
+    num_tokens, window = WINDOW_SHAPE["num_tokens"], WINDOW_SHAPE["window"]
+    with torch.no_grad():
+        expected = WINDOW_VARIANTS["F.sdpa, window mask"](query, key, value)
+        worst = (WINDOW_VARIANTS["tiled_attention, window"](query, key, value) - expected).abs().max()
+        del expected
+        if device.name == "cuda":
+            memory = {name: device.peak_extra_mib(lambda fn=fn: fn(query, key, value))
+                      for name, fn in WINDOW_VARIANTS.items()}
+        else:
+            memory = {name: _peak_extra_mib(name, threads) for name in WINDOW_VARIANTS}
+        variants = {name: (lambda fn=fn: fn(query, key, value))
+                    for name, fn in WINDOW_VARIANTS.items()}
+        seconds = time_interleaved(variants, repeats, sync=device.sync)
+    plan_causal = tile_plan(num_tokens, num_tokens, TILE_BLOCK_SIZE, is_causal=True)
+    plan_window = tile_plan(num_tokens, num_tokens, TILE_BLOCK_SIZE, window=window)
+    tiles = {name: int((plan != 0).sum()) for name, plan in (("causal", plan_causal),
+                                                              ("window", plan_window))}
+    speedup = _ratio(seconds, "tiled_attention, causal", "tiled_attention, window")
+    fused_speedup = _ratio(seconds, "F.sdpa, is_causal", "F.sdpa, window mask")
+    shape = ", ".join(f"{key}={value}" for key, value in WINDOW_SHAPE.items())
+    peak_name = "peak extra GPU memory" if device.name == "cuda" else "peak extra RSS"
+    extra = {name: f"{mib:9.1f} MiB" for name, mib in memory.items()}
+    return "\n".join([
+        format_table(f"4. sliding window against full causal, forward ({shape}, "
+                     f"block_size={TILE_BLOCK_SIZE}; {device.label}), {repeats} runs",
+                     seconds, "tiled_attention, causal", extra, peak_name),
+        f"  tiles computed by tiled_attention: causal {tiles['causal']:,}, window "
+        f"{tiles['window']:,} ({tiles['window'] / tiles['causal']:.1%})",
+        f"  tiled_attention(window) vs F.sdpa with the window mask: max |difference| = "
+        f"{worst:.2e}",
+        f"  the window makes tiled_attention {speedup:.1f}x faster than causal; the fused "
+        f"kernel given the window as a mask is {1 / fused_speedup:.2f}x the time of its "
+        "is_causal (the mask skips no tile)",
+    ])
+
+
 def _generate(layer: MultiHeadAttention, first: torch.Tensor, num_tokens: int,
               use_cache: bool) -> torch.Tensor:
     """Feed each output (layer-normalised) back in as the next token; return every output."""
@@ -452,14 +526,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (default 5)")
-    parser.add_argument("--only", choices=["multihead", "long", "decode"], action="append",
-                        help="run only these tables (repeatable)")
+    parser.add_argument("--only", choices=["multihead", "long", "decode", "window"],
+                        action="append",
+                        help="run only these tables (repeatable); 'window' (T=16384, chapter 13) "
+                             "runs only when named")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where to run (default cpu)")
     parser.add_argument("--dtype", choices=list(DTYPES), action="append",
                         help="floating dtype (repeatable; default float32 on the CPU, "
                              "float32 and bfloat16 on a GPU)")
-    parser.add_argument("--memory-child", choices=list(LONG_VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", choices=[*LONG_VARIANTS, *WINDOW_VARIANTS],
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child is not None:
         _memory_child(args.memory_child, args.threads)
@@ -487,6 +564,8 @@ def main(argv: list[str] | None = None) -> None:
             print("\n" + bench_long(slow_repeats, args.threads, device), flush=True)
         if "decode" in only:
             print("\n" + bench_decode(slow_repeats, device), flush=True)
+        if "window" in only:
+            print("\n" + bench_window(slow_repeats, args.threads, device), flush=True)
     print(f"\ntotal wall time {time.perf_counter() - started:.0f}s")
 
 

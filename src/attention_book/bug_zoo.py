@@ -678,3 +678,51 @@ BUGS["RotaryCacheRestartsPositions"] = Bug(
     "RoPE positions restart at 0 at every decoding step",
     _seeded(RotaryCacheRestartsPositions, 6, 8, 2, context_length=8, rope=True),
 )
+
+
+# ----------------------------------------------------------------------------
+# Chapter 13: attention sinks (appended; registered in BUGS below).
+# ----------------------------------------------------------------------------
+
+
+def attention_sink_as_sigmoid(query, key, value, mask=None, sink_logit=None):
+    """Broken attention sink: a sigmoid gate on the weights instead of a term in the denominator.
+
+    Without a sink it is the healthy function. With one, every weight of the
+    softmax is multiplied by the same ``sigmoid(-sink_logit)``: the rows sum to
+    less than 1, as with a real sink, but by a fixed factor that ignores the
+    scores, so a query whose keys all score low cannot give more of its weight
+    to the sink. The right weights are ``exp(s) / (exp(sink) + sum exp(s))``
+    (:func:`attention_book.softmax_with_sink`), whose total is
+    ``sigmoid(logsumexp(s) - sink)``.
+
+    Args:
+        query, key, value, mask: as in :func:`healthy_attention`.
+        sink_logit: the sink, a number or a tensor that broadcasts to the leading dims.
+
+    Shapes:
+        as in :func:`healthy_attention`.
+
+    Returns:
+        ``(output, weights)``; with a sink, every row sums to ``sigmoid(-sink_logit)``.
+
+    Taught in chapter 13 (exposed by the ``sink_denominator`` check).
+    """
+    head_dim = query.size(-1)
+    attn_scores = query @ key.transpose(-2, -1) / math.sqrt(head_dim)  # (B, T_q, T_k)
+    if mask is not None:
+        attn_scores = attn_scores.masked_fill(~mask, float("-inf"))
+    attn_weights = softmax(attn_scores, dim=-1)  # (B, T_q, T_k)
+    if sink_logit is not None:
+        sink = torch.as_tensor(sink_logit, dtype=attn_weights.dtype, device=attn_weights.device)
+        # BUG: a fixed gate, blind to the scores; the sink belongs in the softmax's denominator.
+        attn_weights = attn_weights * torch.sigmoid(-sink)[..., None, None]  # (B, T_q, T_k)
+    return attn_weights @ value, attn_weights  # (B, T_q, d_v), (B, T_q, T_k)
+
+
+__all__.append("attention_sink_as_sigmoid")
+BUGS["attention_sink_as_sigmoid"] = Bug(
+    "attention_sink_as_sigmoid", "sink_denominator",
+    "sink applied as a sigmoid gate, not in the denominator",
+    _function(attention_sink_as_sigmoid),
+)

@@ -8,6 +8,10 @@ the weighted sum of the values. At the end, dividing the running output by
 the running sum gives exactly ``softmax(scores) @ value``. Only blocks of
 scores ever exist, so the extra memory no longer grows with ``T_q * T_k``.
 
+Chapter 13 adds a sliding window, whose tiles that lie wholly before the
+window are skipped like the causal tiles in the future, and an attention sink,
+one more score per row that starts the online softmax.
+
 This module imports only the functional core, :mod:`attention_book.attention`.
 """
 
@@ -17,14 +21,14 @@ import math
 
 import torch
 
-from .attention import _check_qkv, _require_float
+from .attention import _check_positive_int, _check_qkv, _require_float, _sink_column
 
 __all__ = ["online_softmax_update", "online_softmax", "tile_plan", "tiled_attention"]
 
 # What tiled attention does with one (query block, key block) tile.
-SKIPPED = 0  # every key of the block lies in the future of every query: never computed
+SKIPPED = 0  # no query may see any key of the block (future, or before the window): never computed
 FULL = 1  # every query may see every key: no mask needed
-DIAGONAL = 2  # the causal diagonal crosses the tile: mask it
+DIAGONAL = 2  # the causal diagonal (or the window's far edge) crosses the tile: mask it
 
 
 def _check_block_size(block_size: object) -> None:
@@ -118,19 +122,26 @@ def online_softmax(x: torch.Tensor, dim: int = -1, *, block_size: int = 1) -> to
 
 
 def _tile_kind(q_start: int, q_end: int, k_start: int, k_end: int, offset: int,
-               is_causal: bool) -> int:
-    """Classify one tile; query ``i`` may see key ``j`` when ``j <= i + offset``."""
-    if not is_causal:
+               is_causal: bool, window: int | None = None) -> int:
+    """Classify one tile; query ``i`` sees key ``j`` when ``0 <= i + offset - j (< window)``."""
+    if window is None and not is_causal:
         return FULL
-    if k_start > q_end - 1 + offset:
-        return SKIPPED
-    if k_end - 1 <= q_start + offset:
+    nearest = q_start + offset - (k_end - 1)  # the smallest distance i + offset - j in the tile
+    farthest = q_end - 1 + offset - k_start  # the largest
+    if farthest < 0 or (window is not None and nearest >= window):
+        return SKIPPED  # all in the future, or all before the window
+    if nearest >= 0 and (window is None or farthest < window):
         return FULL
     return DIAGONAL
 
 
+def _check_window(window: object) -> None:
+    if window is not None:
+        _check_positive_int("window", window)
+
+
 def tile_plan(num_queries: int, num_keys: int, block_size: int, *,
-              is_causal: bool = False) -> torch.Tensor:
+              is_causal: bool = False, window: int | None = None) -> torch.Tensor:
     """Which tiles :func:`tiled_attention` computes, masks, or skips.
 
     Args:
@@ -138,17 +149,21 @@ def tile_plan(num_queries: int, num_keys: int, block_size: int, *,
         num_keys: ``T_k``.
         block_size: the tile side, as in :func:`tiled_attention`.
         is_causal: use the bottom-right aligned causal mask.
+        window: use :func:`attention_book.sliding_window_mask` (causal, at most
+            ``window`` keys per query) instead; chapter 13.
 
     Shapes:
         returns ``(ceil(T_q / block_size), ceil(T_k / block_size))``.
 
     Returns:
-        An integer tensor: 0 = skipped (entirely above the diagonal), 1 = computed
-        without a mask, 2 = computed with the causal mask (the diagonal crosses it).
+        An integer tensor: 0 = skipped (entirely above the diagonal, or entirely before
+        the window), 1 = computed without a mask, 2 = computed with the mask (the
+        diagonal or the window's far edge crosses it).
 
-    Taught in chapter 10.
+    Taught in chapter 10 (the window in chapter 13).
     """
     _check_block_size(block_size)
+    _check_window(window)
     for name, value in (("num_queries", num_queries), ("num_keys", num_keys)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -159,7 +174,7 @@ def tile_plan(num_queries: int, num_keys: int, block_size: int, *,
     k_starts = range(0, num_keys, block_size)
     plan = [
         [_tile_kind(q0, min(q0 + block_size, num_queries), k0, min(k0 + block_size, num_keys),
-                    offset, is_causal) for k0 in k_starts]
+                    offset, is_causal, window) for k0 in k_starts]
         for q0 in q_starts
     ]
     return torch.tensor(plan, dtype=torch.int64).reshape(len(q_starts), len(k_starts))
@@ -173,6 +188,8 @@ def tiled_attention(
     block_size: int = 128,
     is_causal: bool = False,
     scale: float | None = None,
+    window: int | None = None,
+    sink_logit: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention computed tile by tile with an online softmax (FlashAttention's forward pass).
 
@@ -183,7 +200,11 @@ def tiled_attention(
     ``o`` are rescaled by ``exp(m_old - m_new)``. The answer is ``o / l``. The
     full ``(T_q, T_k)`` matrix is never built: the extra memory is a few
     ``(block_size, block_size)`` tiles per head. With ``is_causal``, tiles that
-    lie entirely above the (bottom-right aligned) diagonal are skipped.
+    lie entirely above the (bottom-right aligned) diagonal are skipped; with a
+    ``window``, so are the tiles that lie entirely before it, and the key loop of
+    each query block starts at the first tile the window reaches. A ``sink_logit``
+    is one more score per row with no value: it starts the running maximum and sum,
+    before any key is seen.
 
     Args:
         query: the queries.
@@ -194,19 +215,26 @@ def tiled_attention(
             query ``i`` sees keys ``0 … i + T_k - T_q``), which is PyTorch's
             ``is_causal`` when ``T_q == T_k``.
         scale: multiplies the scores; default ``1 / sqrt(d_k)``.
+        window: attend as :func:`attention_book.sliding_window_mask` does (causal,
+            at most ``window`` keys per query, its own included); implies the causal
+            mask, whatever ``is_causal`` says.
+        sink_logit: an attention sink, as in :func:`attention_book.softmax_with_sink`:
+            a number, or one per leading index (per head).
 
     Shapes:
         query ``(..., T_q, d_k)``, key ``(..., T_k, d_k)``, value ``(..., T_k, d_v)``;
-        the leading dims broadcast. Returns ``(..., T_q, d_v)``.
+        the leading dims broadcast; ``sink_logit`` ``()`` or broadcastable to ``(...)``.
+        Returns ``(..., T_q, d_v)``.
 
     Returns:
-        The attention output, equal to ``scaled_dot_product_attention``'s; a
-        query that may see no key gets a zero row. No weights are returned:
-        they are never stored.
+        The attention output, equal to ``scaled_dot_product_attention``'s (with the
+        same mask and sink); a query that may see no key gets a zero row. No weights
+        are returned: they are never stored.
 
-    Taught in chapter 10.
+    Taught in chapter 10 (the window and the sink in chapter 13).
     """
     _check_block_size(block_size)
+    _check_window(window)
     lead = _check_qkv(query, key, value)
 
     num_queries, d_k = query.shape[-2:]
@@ -218,28 +246,45 @@ def tiled_attention(
     value = value.expand(*lead, num_keys, d_v)  # (..., T_k, d_v)
     offset = num_keys - num_queries  # query i sees key j when j <= i + offset
     output = query.new_zeros(*lead, num_queries, d_v)  # (..., T_q, d_v)
+    sink = None
+    if sink_logit is not None:
+        sink = _sink_column(sink_logit, output)  # (..., 1, 1)
     track_grad = torch.is_grad_enabled() and any(
-        tensor.requires_grad for tensor in (query, key, value))
+        tensor.requires_grad for tensor in (query, key, value, *([] if sink is None else [sink])))
 
     for q_start in range(0, num_queries, block_size):
         q_end = min(q_start + block_size, num_queries)
         q_block = query[..., q_start:q_end, :] * scale  # (..., Bq, d_k)
-        running_max = q_block.new_full((*lead, q_end - q_start, 1), float("-inf"))  # (..., Bq, 1)
-        running_sum = q_block.new_zeros((*lead, q_end - q_start, 1))  # (..., Bq, 1)
+        if sink is None:
+            running_max = q_block.new_full((*lead, q_end - q_start, 1), float("-inf"))  # (..., Bq, 1)
+            running_sum = q_block.new_zeros((*lead, q_end - q_start, 1))  # (..., Bq, 1)
+        else:
+            # The sink is a score seen before any key: exp(sink - sink) = 1 (0 for a -inf sink).
+            running_max = sink.expand(*lead, q_end - q_start, 1)  # (..., Bq, 1)
+            running_sum = torch.isfinite(running_max).to(q_block.dtype)  # (..., Bq, 1)
         running_out = q_block.new_zeros((*lead, q_end - q_start, d_v))  # (..., Bq, d_v)
-        for k_start in range(0, num_keys, block_size):
+        first_key = 0
+        if window is not None:
+            # The earliest key any query of this block may see; start at its tile.
+            first_key = max(0, q_start + offset - window + 1) // block_size * block_size
+        for k_start in range(first_key, num_keys, block_size):
             k_end = min(k_start + block_size, num_keys)
-            kind = _tile_kind(q_start, q_end, k_start, k_end, offset, is_causal)
+            kind = _tile_kind(q_start, q_end, k_start, k_end, offset, is_causal, window)
             if kind == SKIPPED:
-                break  # every later key block lies even further in the future
+                if k_start > q_end - 1 + offset:
+                    break  # every later key block lies even further in the future
+                continue  # before the window of every query of the block
             k_block = key[..., k_start:k_end, :]  # (..., Bk, d_k)
             v_block = value[..., k_start:k_end, :]  # (..., Bk, d_v)
             attn_scores = q_block @ k_block.transpose(-2, -1)  # (..., Bq, Bk)
             if kind == DIAGONAL:
                 rows = torch.arange(q_start, q_end, device=query.device) + offset  # (Bq,)
                 cols = torch.arange(k_start, k_end, device=query.device)  # (Bk,)
-                future = cols.unsqueeze(0) > rows.unsqueeze(1)  # (Bq, Bk)
-                attn_scores = attn_scores.masked_fill(future, float("-inf"))
+                distance = rows.unsqueeze(1) - cols.unsqueeze(0)  # (Bq, Bk): how far back key j is
+                blocked = distance < 0  # (Bq, Bk): the future
+                if window is not None:
+                    blocked = blocked | (distance >= window)  # (Bq, Bk): before the window
+                attn_scores = attn_scores.masked_fill(blocked, float("-inf"))
             new_max = torch.maximum(running_max, attn_scores.amax(dim=-1, keepdim=True))
             if kind == FULL:
                 shift = new_max  # every row saw a key of this tile: the maximum is finite

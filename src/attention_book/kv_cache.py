@@ -5,7 +5,9 @@ When a decoder generates text, step ``t`` needs the keys and values of tokens
 :class:`KVCache` keeps them, so each step projects only the new token and
 attends over what is stored. :class:`attention_book.MultiHeadAttention` and
 :class:`attention_book.GroupedQueryAttention` accept one through
-``forward(x, kv_cache=cache)``.
+``forward(x, kv_cache=cache)``; so does
+:class:`attention_book.latent.MultiHeadLatentAttention` (chapter 13), which
+stores one latent vector per token in place of a key and a value.
 
 This module imports only the functional core.
 """
@@ -38,9 +40,10 @@ class KVCache:
 
     Returns:
         (a class) ``len(cache)`` is the number of tokens held; ``cache.nbytes``
-        the bytes of its two buffers.
+        the bytes of its two buffers (of its one buffer when it stores keys only,
+        as multi-head latent attention does).
 
-    Taught in chapter 10.
+    Taught in chapter 10 (a cache of keys only, for a latent, in chapter 13).
     """
 
     def __init__(self, max_length: int):
@@ -60,22 +63,24 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         """Bytes held by the key and value buffers (0 before the first update)."""
-        if self.keys is None or self.values is None:
+        if self.keys is None:
             return 0
-        return self.keys.nbytes + self.values.nbytes
+        return self.keys.nbytes + (0 if self.values is None else self.values.nbytes)
 
     def reset(self) -> None:
         """Forget every token (the buffers are kept and overwritten by the next updates)."""
         self._length = 0
 
     def update(
-        self, keys: torch.Tensor, values: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, keys: torch.Tensor, values: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append the keys and values of new tokens; return everything cached so far.
 
         Args:
             keys: the new tokens' keys.
-            values: the new tokens' values.
+            values: the new tokens' values; ``None`` stores the keys alone (the
+                latent of multi-head latent attention serves as both). The first
+                update decides, and every later one must do the same.
 
         Shapes:
             keys ``(..., heads, T_new, d_k)``, values ``(..., heads, T_new, d_v)``;
@@ -83,8 +88,22 @@ class KVCache:
             with ``T_cached = len(cache)`` after the update.
 
         Returns:
-            ``(all_keys, all_values)``, views of the cache's buffers.
+            ``(all_keys, all_values)``, views of the cache's buffers
+            (``all_values`` is None for a cache of keys only).
         """
+        if self.keys is not None and (values is None) != (self.values is None):
+            stored = "keys only" if self.values is None else "keys and values"
+            raise ValueError(
+                f"this cache stores {stored}: pass values={'None' if self.values is None else 'a tensor'}"
+                " at every update, as at the first one"
+            )
+        if values is None:
+            _require_float("keys", keys)
+            if keys.dim() < 3:
+                raise ValueError(
+                    f"keys must have shape (..., heads, T_new, d), got {tuple(keys.shape)}"
+                )
+            return self._append(keys, None)
         for name, tensor in (("keys", keys), ("values", values)):
             _require_float(name, tensor)
             if tensor.dim() < 3:
@@ -96,6 +115,12 @@ class KVCache:
                 f"keys {tuple(keys.shape)} and values {tuple(values.shape)} must agree in every "
                 f"dim but the last (..., heads, T_new, d)"
             )
+        return self._append(keys, values)
+
+    def _append(
+        self, keys: torch.Tensor, values: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Write validated keys (and values) after the tokens held; return every token's."""
         num_new = keys.size(-2)
         total = self._length + num_new
         if total > self.max_length:
@@ -103,12 +128,23 @@ class KVCache:
                 f"the KV cache holds {self._length} tokens and cannot take {num_new} more: "
                 f"{total} would exceed max_length={self.max_length}; call reset() to start over"
             )
-        if self.keys is None or self.values is None:
+        if self.keys is None:
             *lead, num_heads, _, d_k = keys.shape
-            d_v = values.size(-1)
             self.keys = keys.new_zeros(*lead, num_heads, self.max_length, d_k)
-            self.values = values.new_zeros(*lead, num_heads, self.max_length, d_v)
+            if values is not None:
+                self.values = values.new_zeros(*lead, num_heads, self.max_length, values.size(-1))
         expected_k = (*self.keys.shape[:-2], num_new, self.keys.size(-1))
+        if self.values is None:
+            if tuple(keys.shape) != expected_k:
+                raise ValueError(
+                    f"this cache holds keys of shape {tuple(self.keys.shape)} (..., heads, "
+                    f"max_length, d), so new keys must be {expected_k}; got {tuple(keys.shape)}"
+                )
+            if keys.dtype != self.keys.dtype:
+                raise TypeError(f"the cache stores {self.keys.dtype}, got keys {keys.dtype}")
+            self.keys[..., self._length:total, :] = keys
+            self._length = total
+            return self.keys[..., :total, :], None  # (..., heads, T_cached, d)
         expected_v = (*self.values.shape[:-2], num_new, self.values.size(-1))
         if tuple(keys.shape) != expected_k or tuple(values.shape) != expected_v:
             raise ValueError(

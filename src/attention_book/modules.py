@@ -6,7 +6,8 @@ its ``forward(x, mask=None, return_weights=False)`` takes ``x`` of shape
 with the causal mask of the causal layers. The headed layers also decode with
 a key/value cache (chapter 10), rotate their queries and keys with RoPE
 (``rope=True``) and attend to another sequence (``context=``, cross-attention),
-both from chapter 12.
+both from chapter 12, and give each head a learned attention sink (``sink=True``,
+chapter 13).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .attention import (
     _check_mask,
     _check_positive_int,
     _require_float,
+    _sink_column,
     causal_mask,
     scaled_dot_product_attention,
 )
@@ -58,6 +60,37 @@ def _check_input(x: torch.Tensor, d_in: int, context_length: int | None) -> int:
             f"(x has shape {tuple(x.shape)})"
         )
     return num_tokens
+
+
+def _fused_with_sink(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    allowed: torch.Tensor | None,
+    sink_logit: torch.Tensor,
+    dropout_p: float,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """PyTorch's fused attention with an attention sink, which it has no argument for.
+
+    One extra key of zeros scores 0 against every query; an additive mask of
+    ``sink_logit`` on its column makes that score the sink, and its value of zeros
+    adds nothing to the output: exactly ``exp(sink)`` more in each row's denominator.
+    """
+    num_queries, num_keys = queries.size(-2), keys.size(-2)
+    lead = queries.shape[:-2]  # (..., heads)
+    bias = queries.new_zeros(*lead, num_queries, num_keys)  # (..., heads, T, T_k)
+    if allowed is not None:
+        bias = bias.masked_fill(~allowed, float("-inf"))  # (..., heads, T, T_k)
+    sink = _sink_column(sink_logit, bias).expand(*lead, num_queries, 1)  # (..., heads, T, 1)
+    bias = torch.cat([bias, sink], dim=-1)  # (..., heads, T, T_k + 1)
+    keys = torch.cat([keys, keys.new_zeros(*keys.shape[:-2], 1, keys.size(-1))], dim=-2)  # (..., T_k + 1, d)
+    values = torch.cat([values, values.new_zeros(*values.shape[:-2], 1, values.size(-1))],
+                       dim=-2)  # (..., T_k + 1, d_v)
+    return torch.nn.functional.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=bias, dropout_p=dropout_p, scale=scale,
+        enable_gqa=keys.size(-3) != queries.size(-3),
+    )  # (..., heads, T, d_v)
 
 
 class SelfAttention(nn.Module):
@@ -236,6 +269,7 @@ class _HeadedAttention(nn.Module):
         dtype: torch.dtype | None,
         rope: bool = False,
         rope_base: float = 10000.0,
+        sink: bool = False,
     ):
         super().__init__()
         _check_positive_int("d_in", d_in)
@@ -255,6 +289,8 @@ class _HeadedAttention(nn.Module):
             raise ValueError(f"backend must be 'naive' or 'sdpa', got {backend!r}")
         if not isinstance(rope, bool):
             raise TypeError(f"rope must be a bool, got {type(rope).__name__}")
+        if not isinstance(sink, bool):
+            raise TypeError(f"sink must be a bool, got {type(sink).__name__}")
         rope_base = _check_base(rope_base)
         if rope and (d_out // num_heads) % 2:
             raise ValueError(
@@ -278,6 +314,8 @@ class _HeadedAttention(nn.Module):
         self.W_key = nn.Linear(d_in, kv_dim, bias=qkv_bias, **factory)
         self.W_value = nn.Linear(d_in, kv_dim, bias=qkv_bias, **factory)
         self.out_proj = nn.Linear(d_out, d_out, **factory)
+        # One learned sink logit per query head (chapter 13); starts at 0, a weight of exp(0).
+        self.sink_logit = nn.Parameter(torch.zeros(num_heads, **factory)) if sink else None
         if causal and context_length is not None:
             self.register_buffer("mask", causal_mask(context_length, device=device),
                                  persistent=False)
@@ -307,6 +345,12 @@ class _HeadedAttention(nn.Module):
 
     def _fused(self, queries, keys, values, mask, num_tokens, num_keys, dropout_p, group_size):
         """PyTorch's fused attention, told as much as possible about the mask and the groups."""
+        if self.sink_logit is not None:
+            allowed = mask
+            if self.causal:
+                causal = causal_mask(num_tokens, num_keys, device=queries.device)  # (T, T_k)
+                allowed = causal if mask is None else causal & mask
+            return _fused_with_sink(queries, keys, values, allowed, self.sink_logit, dropout_p)
         causal_only = self.causal and mask is None
         attn_mask, is_causal = mask, False
         if causal_only and num_tokens == num_keys:
@@ -445,7 +489,7 @@ class _HeadedAttention(nn.Module):
                     causal = causal_mask(num_tokens, num_keys, device=x.device)  # (T, T_k)
                 allowed = causal if mask is None else causal & mask
             context_vec, attn_weights = scaled_dot_product_attention(
-                queries, keys, values, allowed, dropout_p=dropout_p
+                queries, keys, values, allowed, dropout_p=dropout_p, sink_logit=self.sink_logit
             )  # (..., num_heads, T, head_dim), (..., num_heads, T, T_k)
 
         # transpose makes the memory non-contiguous, so merge the heads with reshape.
@@ -475,6 +519,9 @@ class MultiHeadAttention(_HeadedAttention):
             (:func:`~attention_book.positions.rotary_embedding`, split-half pairing)
             after the projection; ``head_dim`` must be even.
         rope_base: the ``base`` of the rotary frequencies.
+        sink: give each head a learned attention sink, ``sink_logit`` of shape
+            ``(num_heads,)`` (starting at 0): one more term in each row's softmax
+            denominator, so the weights sum to less than 1 (chapter 13).
 
     Shapes:
         x ``(..., T, d_in)`` -> output ``(..., T, d_out)``, weights
@@ -487,7 +534,8 @@ class MultiHeadAttention(_HeadedAttention):
         ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10);
         ``forward(x, context=ctx)`` is cross-attention (a non-causal layer, chapter 12).
 
-    Taught in chapter 7 (the KV cache in chapter 10; RoPE and cross-attention in chapter 12).
+    Taught in chapter 7 (the KV cache in chapter 10; RoPE and cross-attention in chapter 12;
+    the sink in chapter 13).
     """
 
     def __init__(
@@ -505,10 +553,11 @@ class MultiHeadAttention(_HeadedAttention):
         dtype: torch.dtype | None = None,
         rope: bool = False,
         rope_base: float = 10000.0,
+        sink: bool = False,
     ):
         super().__init__(
             d_in, d_out, num_heads, num_heads, context_length, dropout, qkv_bias, causal, backend,
-            device, dtype, rope, rope_base,
+            device, dtype, rope, rope_base, sink,
         )
 
 
@@ -533,6 +582,7 @@ class GroupedQueryAttention(_HeadedAttention):
         dtype: the parameters' floating dtype.
         rope: rotate queries and keys by their positions, as in :class:`MultiHeadAttention`.
         rope_base: the ``base`` of the rotary frequencies.
+        sink: a learned attention sink per query head, as in :class:`MultiHeadAttention`.
 
     Shapes:
         x ``(..., T, d_in)`` -> output ``(..., T, d_out)``; ``W_key`` and
@@ -544,7 +594,8 @@ class GroupedQueryAttention(_HeadedAttention):
         ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10);
         ``forward(x, context=ctx)`` is cross-attention (a non-causal layer, chapter 12).
 
-    Taught in chapter 7 (the KV cache in chapter 10; RoPE and cross-attention in chapter 12).
+    Taught in chapter 7 (the KV cache in chapter 10; RoPE and cross-attention in chapter 12;
+    the sink in chapter 13).
     """
 
     def __init__(
@@ -563,8 +614,9 @@ class GroupedQueryAttention(_HeadedAttention):
         dtype: torch.dtype | None = None,
         rope: bool = False,
         rope_base: float = 10000.0,
+        sink: bool = False,
     ):
         super().__init__(
             d_in, d_out, num_heads, num_kv_heads, context_length, dropout, qkv_bias, causal, backend,
-            device, dtype, rope, rope_base,
+            device, dtype, rope, rope_base, sink,
         )

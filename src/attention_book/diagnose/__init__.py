@@ -46,9 +46,11 @@ The package, one module per idea:
   ``checks_scaling`` (softmax_dim, scale, weights_sum), ``checks_heads``
   (head_mixing), ``checks_masks`` (mask_argument, mask_polarity, padding,
   fully_masked_rows, causality), ``checks_positions`` (cache_positions: decoding
-  with a KV cache equals the full forward pass, chapter 12).
+  with a KV cache equals the full forward pass, chapter 12), ``checks_sinks``
+  (sink_denominator: an attention sink is one more term in the softmax's
+  denominator, chapter 13).
 
-Adding a family of checks (attention sinks, induction heads, ...):
+Adding a family of checks (induction heads, ...):
 
 1. write ``checks_<family>.py`` with one function per check, taking the
    context and returning the evidence, or raising ``Failed(evidence)`` or
@@ -57,14 +59,14 @@ Adding a family of checks (attention sinks, induction heads, ...):
    device and dtype, and compare with ``ctx.tol``;
 2. register each with ``@register_check(name, property=..., hint=...,
    order=..., needs=(...))``: ``order`` places it in the report (new families
-   take 1600-8999, before the catch-all ``matches_reference``), ``needs``
+   take 1700-8999, before the catch-all ``matches_reference``), ``needs``
    names the earlier checks whose failure would make this one meaningless;
 3. import the module in ``core`` beside the other families.
 
 No existing module changes; ``CHECKS`` and the report gain the new rows, and
 ``matches_reference`` is then judged only when the new checks pass as well.
 
-Taught in chapter 11 (the positions family in chapter 12).
+Taught in chapter 11 (the positions family in chapter 12, the sinks family in chapter 13).
 """
 
 import torch

@@ -13,7 +13,7 @@ import torch
 from .context import DiagnosisContext
 from .numerics import fmt, precise
 from .registry import Failed, NotApplicable, register_check
-from .subjects import UserError
+from .subjects import UserError, module_sink_logit
 
 
 @register_check(
@@ -114,6 +114,9 @@ def check_weights_sum(ctx: DiagnosisContext) -> str:
     s = ctx.subject
     tol = ctx.tol
     if ctx.is_module:
+        if module_sink_logit(s.module) is not None:
+            raise NotApplicable("an attention sink takes part of each row's weight: "
+                                "sink_denominator judges the rows")
         if not s.takes_return_weights:
             raise NotApplicable("the module returns no weights")
         try:

@@ -18,6 +18,7 @@ from . import (  # noqa: F401
     checks_output,
     checks_positions,
     checks_scaling,
+    checks_sinks,
 )
 from .context import DiagnosisContext
 from .registry import CHECKS, Check, Failed, NotApplicable, ordered_checks

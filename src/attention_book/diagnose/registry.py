@@ -21,10 +21,11 @@ The report lists the checks by ``order``; the bands in use are:
 1200  ``dropout_train`` (checks_dropout)
 1300  ``batch``, 1400 ``lengths`` (checks_output)
 1500  ``cache_positions`` (checks_positions)
+1600  ``sink_denominator`` (checks_sinks)
 9000  ``matches_reference`` (checks_output), the catch-all, always last
 ====  ==========================================================================
 
-New families take numbers between 1600 and 8999, so that the report of every
+New families take numbers between 1700 and 8999, so that the report of every
 existing check keeps its place.
 """
 

@@ -261,6 +261,12 @@ class ModuleSubject:
         return draw((batch_size, num_tokens, self.d_in), gen, self.device, self.dtype)  # (B, T, d_in)
 
 
+def module_sink_logit(module: nn.Module) -> torch.Tensor | None:
+    """The learned attention sink of a layer (its ``sink_logit`` tensor), or None (chapter 13)."""
+    sink = getattr(module, "sink_logit", None)
+    return sink if isinstance(sink, torch.Tensor) else None
+
+
 def _find_attr(module: nn.Module, name: str):
     for sub in module.modules():
         value = getattr(sub, name, None)

@@ -1,0 +1,228 @@
+"""Multi-head latent attention (MLA): cache one small latent per token, not keys and values.
+
+Multi-head attention caches ``2 * d_out`` numbers per token and layer: a key and a
+value for every head. DeepSeek-V2 (DeepSeek-AI, 2024) caches a single latent
+vector of ``latent_dim`` numbers instead. Every token is first projected *down*
+to its latent, ``latent = x W_down_kv``; the keys and values of all heads are
+projected back *up* from it, ``keys = latent W_key`` and ``values = latent W_value``.
+Since the up-projections are fixed matrices, attention can also run on the
+latents directly (the *absorbed* form): the score of head ``h``,
+``q_h . (W_key_h latent)``, equals ``(W_key_h^T q_h) . latent``, and the output
+``sum_j w_j (W_value_h latent_j)`` equals ``W_value_h (sum_j w_j latent_j)``.
+``forward(..., absorb=True)`` computes that way and gives the same output.
+
+DeepSeek's decoupled RoPE (a few extra rotated query and key features, the key part
+shared by the heads and cached beside the latent) is explained in chapter 13 and
+not built here: this layer has no positions of its own.
+
+This module imports the functional core, the cache and the layers' helpers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .attention import (
+    _check_mask,
+    _check_positive_int,
+    causal_mask,
+    scaled_dot_product_attention,
+)
+from .kv_cache import KVCache
+from .modules import _check_dropout, _check_input, _fused_with_sink
+
+__all__ = ["MultiHeadLatentAttention"]
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Multi-head latent attention: keys and values projected up from a cached latent.
+
+    Each token's ``latent`` (``latent_dim`` numbers) is all that a
+    :class:`~attention_book.KVCache` keeps; the keys and values of the
+    ``num_heads`` heads are computed from it by the up-projections ``W_key`` and
+    ``W_value``. With ``absorb=True`` the up-projections are folded into the
+    queries and the outputs instead, and attention runs on the latents: the same
+    output, without ever building the keys and values of the cached tokens.
+
+    Args:
+        d_in: size of each input token vector.
+        d_out: model width; must be divisible by ``num_heads``.
+        num_heads: number of heads; ``head_dim = d_out // num_heads``.
+        latent_dim: size of the latent cached per token (DeepSeek's ``d_c``).
+        context_length: the longest sequence accepted (None: any length).
+        dropout: probability of zeroing an attention weight in training.
+        causal: apply the causal mask.
+        backend: ``"naive"`` (the book's attention, returns weights) or ``"sdpa"``
+            (``torch.nn.functional.scaled_dot_product_attention``).
+        sink: give each head a learned attention sink ``sink_logit`` ``(num_heads,)``,
+            as in :class:`~attention_book.MultiHeadAttention`.
+        device: where to create the parameters and the mask buffer.
+        dtype: the parameters' floating dtype.
+
+    Shapes:
+        x ``(..., T, d_in)`` -> output ``(..., T, d_out)``, weights
+        ``(..., num_heads, T, T_k)``; ``W_down_kv`` maps ``d_in -> latent_dim``,
+        ``W_key`` and ``W_value`` map ``latent_dim -> d_out``; the cache holds
+        ``(..., 1, T_cached, latent_dim)``.
+
+    Returns:
+        ``forward`` returns the output, or ``(output, weights)`` when
+        ``return_weights=True``; ``forward(x_new, kv_cache=cache)`` decodes.
+
+    Taught in chapter 13.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        num_heads: int,
+        latent_dim: int,
+        context_length: int | None = None,
+        dropout: float = 0.0,
+        causal: bool = True,
+        backend: str = "naive",
+        *,
+        sink: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        for name, value in (("d_in", d_in), ("d_out", d_out), ("num_heads", num_heads),
+                            ("latent_dim", latent_dim)):
+            _check_positive_int(name, value)
+        if context_length is not None:
+            _check_positive_int("context_length", context_length)
+        _check_dropout(dropout)
+        if d_out % num_heads != 0:
+            raise ValueError(f"d_out ({d_out}) must be divisible by num_heads ({num_heads})")
+        if backend not in ("naive", "sdpa"):
+            raise ValueError(f"backend must be 'naive' or 'sdpa', got {backend!r}")
+        if not isinstance(sink, bool):
+            raise TypeError(f"sink must be a bool, got {type(sink).__name__}")
+        self.d_in = d_in
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.latent_dim = latent_dim
+        self.context_length = context_length
+        self.dropout_p = float(dropout)
+        self.causal = causal
+        self.backend = backend
+        factory = {"device": device, "dtype": dtype}
+        self.W_query = nn.Linear(d_in, d_out, bias=False, **factory)
+        self.W_down_kv = nn.Linear(d_in, latent_dim, bias=False, **factory)
+        self.W_key = nn.Linear(latent_dim, d_out, bias=False, **factory)
+        self.W_value = nn.Linear(latent_dim, d_out, bias=False, **factory)
+        self.out_proj = nn.Linear(d_out, d_out, **factory)
+        self.sink_logit = nn.Parameter(torch.zeros(num_heads, **factory)) if sink else None
+        if causal and context_length is not None:
+            self.register_buffer("mask", causal_mask(context_length, device=device),
+                                 persistent=False)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        *lead, num_tokens, _ = x.shape
+        x = x.view(*lead, num_tokens, self.num_heads, self.head_dim)  # (..., T, heads, head_dim)
+        return x.transpose(-3, -2)  # (..., heads, T, head_dim)
+
+    def _up_projection(self, linear: nn.Linear) -> torch.Tensor:
+        """An up-projection's weight, one ``(head_dim, latent_dim)`` block per head."""
+        return linear.weight.view(self.num_heads, self.head_dim, self.latent_dim)  # (H, hd, latent)
+
+    def _allowed(self, mask, num_tokens: int, num_keys: int, device) -> torch.Tensor | None:
+        if not self.causal:
+            return mask
+        if num_tokens == num_keys and hasattr(self, "mask"):
+            causal = self.mask[:num_tokens, :num_tokens]  # (T, T)
+        else:
+            # With a cache the new queries are the last positions: bottom-right alignment.
+            causal = causal_mask(num_tokens, num_keys, device=device)  # (T, T_k)
+        return causal if mask is None else causal & mask
+
+    def _attend(self, queries, keys, values, allowed, dropout_p, scale):
+        """Attention with either backend; the sdpa backend returns no weights."""
+        if self.backend == "naive":
+            return scaled_dot_product_attention(
+                queries, keys, values, allowed, dropout_p=dropout_p, scale=scale,
+                sink_logit=self.sink_logit)
+        if self.sink_logit is not None:
+            return _fused_with_sink(queries, keys, values, allowed, self.sink_logit, dropout_p,
+                                    scale), None
+        return torch.nn.functional.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, scale=scale,
+            enable_gqa=keys.size(-3) != queries.size(-3),
+        ), None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+        *,
+        kv_cache: KVCache | None = None,
+        absorb: bool = False,
+    ):
+        """Attend from ``x``; with ``kv_cache``, decode; ``absorb`` picks the form of the computation.
+
+        With a cache, ``x`` holds only the new tokens: their latents are appended
+        to it (``latent_dim`` numbers per token) and the queries attend over every
+        cached token, the causal mask aligned bottom-right. ``absorb=False`` projects
+        every latent up into keys and values; ``absorb=True`` folds ``W_key`` into
+        the queries and ``W_value`` into the outputs and attends over the latents;
+        both give the same output and weights. ``mask`` broadcasts to
+        ``(..., num_heads, T, T_k)``.
+        """
+        num_tokens = _check_input(x, self.d_in, self.context_length)
+        if not isinstance(absorb, bool):
+            raise TypeError(f"absorb must be a bool, got {type(absorb).__name__}")
+        num_keys = num_tokens
+        if kv_cache is not None:
+            if not isinstance(kv_cache, KVCache):
+                raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
+            num_keys = len(kv_cache) + num_tokens
+            if self.context_length is not None and num_keys > self.context_length:
+                raise ValueError(
+                    f"the KV cache holds {len(kv_cache)} tokens; adding {num_tokens} more makes "
+                    f"{num_keys}, which exceeds context_length={self.context_length}; "
+                    f"start a new cache (cache.reset()) or build the layer with a longer context"
+                )
+        if return_weights and self.backend == "sdpa":
+            raise ValueError(
+                "backend='sdpa' does not return attention weights; build the layer with "
+                "backend='naive' to get them"
+            )
+        lead = x.shape[:-2]
+        if mask is not None:
+            _check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
+
+        queries = self._split_heads(self.W_query(x))  # (..., num_heads, T, head_dim)
+        latent = self.W_down_kv(x).unsqueeze(-3)  # (..., 1, T, latent_dim): shared by the heads
+        if kv_cache is not None:
+            # The cache keeps the latent alone: latent_dim numbers per token, not 2 * d_out.
+            latent, _ = kv_cache.update(latent)  # (..., 1, T_k, latent_dim)
+        allowed = self._allowed(mask, num_tokens, num_keys, x.device)
+        dropout_p = self.dropout_p if self.training else 0.0
+        scale = 1.0 / math.sqrt(self.head_dim)  # the heads' keys have head_dim features
+
+        if absorb:
+            # q_h . (W_key_h c) = (W_key_h^T q_h) . c: queries moved into the latent space.
+            queries = queries @ self._up_projection(self.W_key)  # (..., num_heads, T, latent_dim)
+            context_latent, attn_weights = self._attend(
+                queries, latent, latent, allowed, dropout_p, scale)  # (..., num_heads, T, latent_dim)
+            # sum_j w_j (W_value_h c_j) = W_value_h (sum_j w_j c_j): up-project once, at the end.
+            value_up = self._up_projection(self.W_value)  # (num_heads, head_dim, latent_dim)
+            context_vec = context_latent @ value_up.transpose(-2, -1)  # (..., num_heads, T, head_dim)
+        else:
+            latent = latent.squeeze(-3)  # (..., T_k, latent_dim)
+            keys = self._split_heads(self.W_key(latent))  # (..., num_heads, T_k, head_dim)
+            values = self._split_heads(self.W_value(latent))  # (..., num_heads, T_k, head_dim)
+            context_vec, attn_weights = self._attend(
+                queries, keys, values, allowed, dropout_p, scale)  # (..., num_heads, T, head_dim)
+
+        context_vec = context_vec.transpose(-3, -2)  # (..., T, num_heads, head_dim)
+        context_vec = context_vec.reshape(*lead, num_tokens, self.d_out)  # (..., T, d_out)
+        output = self.out_proj(context_vec)  # (..., T, d_out)
+        return (output, attn_weights) if return_weights else output
