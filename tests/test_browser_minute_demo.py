@@ -1,25 +1,32 @@
 """Chapter 9's ambiguity demo in a real browser: the page computes what PyTorch computes.
 
 The demo (``attention_book.demos.ambiguity_demo``) carries the trained classifier's weights in
-the page and runs its forward pass in JavaScript. These tests load chapter 9 from the built
-website in Debian's Chromium with every request to another host blocked, type sentences into
-the demo key by key, and compare what the page computed (the ``data-`` attributes it writes
-after each keystroke) with :func:`attention_book.demos.read_sentence`, which runs
-:class:`~attention_book.train.AttentionClassifier` in PyTorch. The model is trained again here
-exactly as the chapter trains it, so the comparison also proves that the page carries the
-chapter's own weights.
+the page and runs its forward pass in JavaScript. Most tests here open the demo exactly as
+chapter 9 stores it (the ``text/html`` output that JupyterLab and Colab display), on a page of
+its own served from 127.0.0.1, so they need no build of the book; the last ones open chapter 9
+on the built website. Every request to another host is blocked and recorded.
+
+The model is trained again here exactly as the chapter trains it, and the stored demo must be
+byte for byte what ``ambiguity_demo`` makes of it: so the page carries the chapter's own
+weights. Sentences are typed into the demo key by key, and what the page computed (the
+``data-`` attributes it writes after each keystroke) is compared with
+:func:`attention_book.demos.read_sentence`, which runs
+:class:`~attention_book.train.AttentionClassifier` in PyTorch.
 
 They also time each keystroke, check the messages (unknown words, no ambiguous word, too long),
 keyboard-only use, the label and the live region, scan the demo with axe in every state, and
-save screenshots of the demo with typed sentences under ``_build/screenshots/`` with a JSON
-report of the measured figures (``09_ambiguity_demo_report.json``).
+save screenshots of the demo with typed sentences under ``_build/screenshots/``, with a JSON
+report of the measured figures (``_build/screenshots/09_ambiguity_demo_report.json``).
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import statistics
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
@@ -28,12 +35,14 @@ import torch
 from axe_playwright_python.sync_playwright import Axe
 
 from attention_book.data import encode_splits, load_ambiguity_dataset
-from attention_book.demos import export_classifier, read_sentence
+from attention_book.demos import ambiguity_demo, export_classifier, read_sentence
 from attention_book.train import AttentionClassifier, train_classifier
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCNAME = "chapters/09_training_attention"
 DEMO = '.ab-demo[data-demo="ambiguity"]'
+DEMO_ID = "ch09-sentence-demo"  # the element_id and first sentence of the chapter's demo cell
+FIRST_SENTENCE = "the minute by the clock while we saw the dust"
 TOLERANCE = 1e-5  # the issue's bound on |page - PyTorch| for probabilities and weights
 FRAME_MS = 16.0  # one frame at 60 Hz: the budget of a keystroke's forward pass
 INVENTED = [  # sentences of our own, each with words the model has never seen
@@ -44,7 +53,31 @@ INVENTED = [  # sentences of our own, each with words the model has never seen
     "the bat flew out of the cave at night",
     "Grandma's minute clock, ticking; then the speck of dust...",
 ]
-_report: dict = {}
+
+
+@pytest.fixture(scope="module")
+def report():
+    """The measured figures; written to _build/screenshots/ once every test of the file ran
+    (after the site fixture, which empties that folder when it starts)."""
+    figures: dict = {}
+    yield figures
+    folder = ROOT / "_build" / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "09_ambiguity_demo_report.json").write_text(
+        json.dumps(figures, indent=1, sort_keys=True), encoding="utf-8")
+
+
+def _stored_demo_html() -> str:
+    """The demo's HTML as chapter 9 stores it: what Jupyter and Colab show."""
+    notebook = json.loads((ROOT / f"{DOCNAME}.ipynb").read_text(encoding="utf-8"))
+    stored = [
+        "".join(output["data"]["text/html"])
+        for cell in notebook["cells"] if cell["cell_type"] == "code"
+        for output in cell.get("outputs", [])
+        if 'data-demo="ambiguity"' in "".join(output.get("data", {}).get("text/html", ""))
+    ]
+    assert len(stored) == 1, f"chapter 9 stores {len(stored)} ambiguity demos, expected 1"
+    return stored[0]
 
 
 def _held_out_sentences(examples, per_label: int = 3) -> list[str]:
@@ -72,9 +105,32 @@ def chapter_model():
     return model.eval(), vocab, labels, examples
 
 
-def _open(browser, site, *, javascript: bool = True):
-    """Chapter 9 in a fresh context with every request to another host blocked and recorded."""
-    local = urlsplit(site.base_url).netloc
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """The stored demo alone on a page, served from 127.0.0.1: the URL of that page."""
+    folder = tmp_path_factory.mktemp("ambiguity_demo")
+    (folder / "index.html").write_text(
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        "<title>Chapter 9: type your own sentence</title></head><body><main>"
+        f"<h1>Chapter 9: type your own sentence</h1>{_stored_demo_html()}</main></body></html>",
+        encoding="utf-8")
+    server = ThreadingHTTPServer(("127.0.0.1", 0),
+                                 functools.partial(_QuietHandler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/index.html"
+    server.shutdown()
+    server.server_close()
+
+
+def _open(browser, url: str, *, javascript: bool = True):
+    """``url`` in a fresh context with every request to another host blocked and recorded."""
+    local = urlsplit(url).netloc
     context = browser.new_context(viewport={"width": 1280, "height": 900},
                                   java_script_enabled=javascript)
     seen = {"blocked": [], "errors": [], "finished": []}
@@ -91,15 +147,14 @@ def _open(browser, site, *, javascript: bool = True):
     page.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
     page.on("pageerror", lambda e: seen["errors"].append(f"uncaught: {e}"))
     page.on("requestfinished", lambda request: seen["finished"].append(request))
-    page.goto(urljoin(site.base_url, f"{DOCNAME}.html"), wait_until="load")
+    page.goto(url, wait_until="load")
     return context, page, seen
 
 
 @pytest.fixture(scope="module")
-def demo_page(browser, site):
-    context, page, seen = _open(browser, site)
+def demo_page(browser, standalone):
+    context, page, seen = _open(browser, standalone)
     page.wait_for_load_state("networkidle")
-    page.locator(DEMO).scroll_into_view_if_needed()
     # Record, after every input event, what the demo wrote (its listener runs first).
     page.evaluate("""(selector) => {
       const root = document.querySelector(selector);
@@ -128,17 +183,22 @@ def _gaps(state: dict, reading) -> tuple[float, float]:
             (attention - reading.attention).abs().max().item())
 
 
-def _write_report(site) -> None:
-    (site.screenshots / "09_ambiguity_demo_report.json").write_text(
-        json.dumps(_report, indent=1, sort_keys=True), encoding="utf-8")
-
-
-def test_the_page_carries_the_chapters_trained_weights(built_book, chapter_model):
-    """The weights in the built page are the retrained model's, rounded as export_classifier does."""
+def test_the_stored_demo_is_the_chapters_trained_model(chapter_model, report):
+    """Chapter 9 stores exactly what ambiguity_demo makes of the model trained as it trains it:
+    the page carries the chapter's own weights, and nothing in the HTML varies between runs."""
     model, vocab, labels, _ = chapter_model
-    page = (built_book.html_dir / f"{DOCNAME}.html").read_text(encoding="utf-8")
-    expected = export_classifier(model, vocab, labels)
-    assert json.dumps(expected["weights"]) in page
+    stored = _stored_demo_html()
+    again = ambiguity_demo(model, vocab, labels, element_id=DEMO_ID, sentence=FIRST_SENTENCE).data
+    assert stored == again
+    weights = export_classifier(model, vocab, labels)["weights"]
+    assert stored.count(json.dumps(weights)) == 1
+    size = len(stored.encode("utf-8"))
+    report["demo_size"] = {
+        "stored_output_bytes": size,
+        "stored_output_gzip_bytes": len(gzip.compress(stored.encode("utf-8"), mtime=0)),
+        "weights_base64_chars": len(weights),
+    }
+    assert size < 100_000  # the issue's budget for what the demo adds to the page
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +217,7 @@ def typed(demo_page, chapter_model):
     return held_out, results, timings
 
 
-def test_typed_sentences_match_pytorch(demo_page, typed, site):
+def test_typed_sentences_match_pytorch(demo_page, typed, report):
     _, seen = demo_page
     held_out, results, _ = typed
     assert len(held_out) == 24 and len(results) == 30
@@ -175,20 +235,42 @@ def test_typed_sentences_match_pytorch(demo_page, typed, site):
         worst["attention"] = max(worst["attention"], attention_gap)
     assert worst["probability"] < TOLERANCE and worst["attention"] < TOLERANCE, worst
     assert seen["blocked"] == [] and seen["errors"] == [], seen
-    _report["parity"] = {"sentences": len(results), "held_out": len(held_out),
-                         "invented_with_unknown_words": len(INVENTED),
-                         "max_abs_difference": worst}
-    _write_report(site)
+    report["parity"] = {"sentences": len(results), "held_out": len(held_out),
+                        "invented_with_unknown_words": len(INVENTED),
+                        "max_abs_difference": worst}
 
 
-def test_each_keystroke_is_fast(demo_page, typed, site):
+def test_each_keystroke_is_fast(demo_page, typed, report):
+    """Each keystroke's forward pass fits in one frame (16 ms at 60 Hz).
+
+    Two measurements. In place: the time the demo itself records for the forward pass of every
+    keystroke typed above (and for the forward pass plus the redraw). Those include whatever
+    else this shared machine did in that moment, and performance.now() is coarsened to 0.1 ms
+    in a page that is not cross-origin isolated. So, again, for every text the box held after a
+    keystroke (every prefix of every typed sentence): the demo's own read(), run 5 times, the
+    fastest taken, which is the cost of that keystroke's forward pass without the noise. Every
+    one of those must fit in a frame.
+    """
     page, _ = demo_page
-    _, _, timings = typed
+    held_out, results, timings = typed
     assert len(timings) >= 1000  # one per key pressed
     forward = sorted(t[0] for t in timings)
     update = sorted(t[1] for t in timings)
-    # performance.now() is coarsened to 0.1 ms in a page that is not cross-origin isolated,
-    # so time the forward pass again, many times over, through the demo's own function.
+    prefixes = sorted({sentence[:n] for sentence, *_ in results
+                       for n in range(1, len(sentence) + 1)})
+    per_keystroke = page.evaluate("""([selector, prefixes]) => {
+      const read = document.querySelector(selector).abRead;
+      for (let i = 0; i < 200; i++) { read(prefixes[i % prefixes.length]); }  // warm the JIT
+      return prefixes.map(text => {
+        let best = Infinity;
+        for (let r = 0; r < 5; r++) {
+          const start = performance.now();
+          read(text);
+          best = Math.min(best, performance.now() - start);
+        }
+        return best;
+      });
+    }""", [DEMO, prefixes])
     per_call_ms = page.evaluate("""(selector) => {
       const read = document.querySelector(selector).abRead;
       const sentence = "they talked about the clock and the hour while the minute speck";
@@ -197,23 +279,28 @@ def test_each_keystroke_is_fast(demo_page, typed, site):
       for (let i = 0; i < 2000; i++) { read(sentence); }
       return (performance.now() - start) / 2000;
     }""", DEMO)
+    slowest = max(range(len(prefixes)), key=lambda i: per_keystroke[i])
     figures = {
-        "keystrokes": len(timings),
-        "forward_ms": {"median": statistics.median(forward),
-                       "p95": forward[int(0.95 * (len(forward) - 1))], "max": forward[-1]},
-        "keystroke_with_redraw_ms": {"median": statistics.median(update),
-                                     "p95": update[int(0.95 * (len(update) - 1))],
-                                     "max": update[-1]},
+        "keystrokes_typed": len(timings),
+        "in_place_forward_ms": {"median": statistics.median(forward),
+                                "p95": forward[int(0.95 * (len(forward) - 1))],
+                                "max": forward[-1],
+                                "over_16_ms": sum(t >= FRAME_MS for t in forward)},
+        "in_place_keystroke_with_redraw_ms": {"median": statistics.median(update),
+                                              "p95": update[int(0.95 * (len(update) - 1))],
+                                              "max": update[-1]},
+        "per_keystroke_forward_ms_fastest_of_5": {
+            "texts": len(prefixes), "median": statistics.median(per_keystroke),
+            "max": per_keystroke[slowest], "slowest_text": prefixes[slowest]},
         "forward_ms_mean_of_2000_calls_12_words": per_call_ms,
     }
-    _report["timing"] = figures
-    _write_report(site)
+    report["timing"] = figures
     print(json.dumps(figures, indent=1))
-    # Loose bounds on a shared machine: the typical keystroke, not the slowest one, whose time
-    # also counts whatever else the machine did in that millisecond.
+    assert len(prefixes) > 1000
+    assert max(per_keystroke) < FRAME_MS, figures
     assert per_call_ms < FRAME_MS
-    assert figures["forward_ms"]["p95"] < FRAME_MS
-    assert figures["keystroke_with_redraw_ms"]["median"] < FRAME_MS
+    assert figures["in_place_forward_ms"]["p95"] < FRAME_MS
+    assert figures["in_place_keystroke_with_redraw_ms"]["median"] < FRAME_MS
 
 
 def test_the_exercise_sentence_shows_what_the_checker_expects(demo_page, chapter_model):
@@ -244,7 +331,7 @@ def test_messages_for_unknown_words_no_ambiguous_word_and_too_long(demo_page, ch
     assert "No ambiguous word" in message("no-ambiguous-word").inner_text()
     assert "minute" in message("no-ambiguous-word").inner_text()
 
-    long_sentence = "the minute by the clock while we saw the dust and then the speck was there"
+    long_sentence = "the minute by the clock while we saw the dust and then the speck was then there"
     assert len(long_sentence.split()) == 17
     state = _type(page, long_sentence)
     assert state["state"] == "too-long" and read_sentence(
@@ -334,65 +421,76 @@ def test_axe_finds_nothing_in_any_state(demo_page, sentence):
     assert violations == []
 
 
-def test_first_rendering_without_javascript_matches_the_script(browser, site):
+def test_first_rendering_without_javascript_matches_the_script(browser, standalone):
     """Python draws the first rendering; the script redraws it on load: the same text."""
     texts = []
     for javascript in (False, True):
-        context, page, seen = _open(browser, site, javascript=javascript)
+        context, page, seen = _open(browser, standalone, javascript=javascript)
         try:
             texts.append(page.locator(f"{DEMO} .ab-demo-output").inner_text())
             if javascript:
                 assert page.locator(DEMO).get_attribute("data-state") == "ok"
+                assert seen["errors"] == []
         finally:
             context.close()
     assert "The model reads minute as minute/time" in texts[0]
     assert texts[0] == texts[1]
 
 
-def test_page_weight_and_demo_size(browser, site):
-    context, page, seen = _open(browser, site)
-    try:
-        page.wait_for_load_state("networkidle")
-        transferred = 0
-        for request in seen["finished"]:
-            sizes = request.sizes()
-            transferred += sizes["responseBodySize"] + sizes["responseHeadersSize"]
-        demo_html = page.evaluate("(s) => { const root = document.querySelector(s); "
-                                  "return root.outerHTML + root.nextElementSibling.outerHTML; }",
-                                  DEMO)
-    finally:
-        context.close()
-    notebook = json.loads((ROOT / f"{DOCNAME}.ipynb").read_text(encoding="utf-8"))
-    stored = [
-        "".join(output["data"]["text/html"])
-        for cell in notebook["cells"] if cell["cell_type"] == "code"
-        for output in cell.get("outputs", []) if 'data-demo="ambiguity"' in "".join(
-            output.get("data", {}).get("text/html", ""))
-    ]
-    assert len(stored) == 1
-    stored_bytes = len(stored[0].encode("utf-8"))
-    _report["size"] = {
-        "chapter_page_transferred_bytes": transferred,
-        "demo_output_bytes": stored_bytes,
-        "demo_output_gzip_bytes": len(gzip.compress(stored[0].encode("utf-8"), mtime=0)),
-        "demo_in_page_bytes": len(demo_html.encode("utf-8")),
-    }
-    _write_report(site)
+# --------------------------------------------------------------------------------------
+# On the built website: chapter 9 itself, offline.
+
+
+@pytest.fixture(scope="module")
+def chapter_page(browser, site):
+    context, page, seen = _open(browser, urljoin(site.base_url, f"{DOCNAME}.html"))
+    page.wait_for_load_state("networkidle")
+    page.locator(DEMO).scroll_into_view_if_needed()
+    yield page, seen
+    context.close()
+
+
+def test_the_chapter_page_runs_the_demo_offline(chapter_page, chapter_model, report):
+    """On the static site, with every outside request blocked, typed sentences give PyTorch's
+    numbers; the page stays under its weight budget."""
+    page, seen = chapter_page
+    model, vocab, labels, examples = chapter_model
+    worst = 0.0
+    for sentence in _held_out_sentences(examples, per_label=1) + INVENTED[:2]:
+        state = _type(page, sentence)
+        reading = read_sentence(model, vocab, labels, sentence)
+        assert state["state"] == "ok" and json.loads(state["tokens"]) == list(reading.tokens)
+        worst = max(worst, *_gaps(state, reading))
+    assert worst < TOLERANCE
+    assert seen["blocked"] == [] and seen["errors"] == [], seen
+    transferred = 0
+    for request in seen["finished"]:
+        sizes = request.sizes()
+        transferred += sizes["responseBodySize"] + sizes["responseHeadersSize"]
+    demo_html = page.evaluate("(s) => { const root = document.querySelector(s); "
+                              "return root.outerHTML + root.nextElementSibling.outerHTML; }", DEMO)
+    report["chapter_page"] = {"transferred_bytes": transferred, "max_abs_difference": worst,
+                              "demo_in_page_bytes": len(demo_html.encode("utf-8"))}
     assert "abRead" in demo_html  # the script is the element after the demo
     assert 0 < transferred < 3_000_000
-    assert stored_bytes < 100_000
 
 
-def test_screenshots_of_the_demo_with_typed_sentences(demo_page, site):
-    page, _ = demo_page
+def test_screenshots_of_the_demo_with_typed_sentences(chapter_page, chapter_model, site):
+    page, _ = chapter_page
+    model, vocab, labels, _ = chapter_model
+    # Tall enough that the demo fits: no scrolling, so the site's sticky header stays out of it.
+    page.set_viewport_size({"width": 1280, "height": 2400})
     shots = {
         "09_ambiguity_demo_typed.png": "the grain next to the minute while nobody spoke of the timer",
         "09_ambiguity_demo_bank.png": "we saw the money because the bank by the river",
         "09_ambiguity_demo_unknown_words.png": "It took one minute, said the crane driver",
         "09_ambiguity_demo_no_ambiguous_word.png": "we saw the clock near the river",
+        "09_ambiguity_demo_exercise_9_4.png":
+            "they talked about the clock and the hour while the minute speck",
     }
     for name, sentence in shots.items():
-        _type(page, sentence)
+        state = _type(page, sentence)
+        assert state["state"] == read_sentence(model, vocab, labels, sentence).status, sentence
         path = site.screenshots / name
         page.locator(DEMO).screenshot(path=str(path))
         assert path.stat().st_size > 10_000, name
