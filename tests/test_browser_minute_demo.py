@@ -487,6 +487,8 @@ def test_screenshots_of_the_demo_with_typed_sentences(chapter_page, chapter_mode
         "09_ambiguity_demo_no_ambiguous_word.png": "we saw the clock near the river",
         "09_ambiguity_demo_exercise_9_4.png":
             "they talked about the clock and the hour while the minute speck",
+        "09_ambiguity_demo_too_long.png":
+            "the minute by the clock while we saw the dust and then the speck was then there",
     }
     for name, sentence in shots.items():
         state = _type(page, sentence)
