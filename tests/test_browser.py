@@ -200,6 +200,14 @@ def _exercise_demos(page) -> list[dict]:
             page.keyboard.press("Home" if at_max else "End")  # a reader's key press
             after = output.first.inner_text()
             result["controls"].append({"control": f"slider {s}", "changed": after != before})
+        boxes = demo.locator('input[type="text"]')
+        for s in range(boxes.count()):
+            before = output.first.inner_text()
+            boxes.nth(s).focus()
+            page.keyboard.press("End")
+            page.keyboard.type(" the")  # a reader typing one more word
+            after = output.first.inner_text()
+            result["controls"].append({"control": f"text box {s}", "changed": after != before})
         cells = demo.locator(".ab-mask-cell")
         if cells.count():
             # Unblocking a blocked pair changes its row, unless that key's weight is too small

@@ -10,6 +10,7 @@ from attention_book.exercises import (
     check_is_order_blind,
     check_norm_based_weights,
     check_predicted_accuracy_without_positions,
+    check_predicted_attended_word,
     check_predicted_bias_effects,
     check_top_head,
 )
@@ -49,6 +50,7 @@ def _blank(*args):
 @pytest.mark.parametrize("checker", [
     check_top_head, check_predicted_bias_effects, check_norm_based_weights,
     check_predicted_accuracy_without_positions, check_is_order_blind, check_attention_by_offset,
+    check_predicted_attended_word,
 ])
 def test_a_blank_answer_says_so(checker, capsys):
     _fails(checker, _blank, "You have not written `_blank` yet", capsys=capsys, hint=False)
@@ -291,3 +293,43 @@ def test_attention_by_offset(capsys):
            "the values of the mean weights by offset", capsys=capsys)
     _fails(check_attention_by_offset,
            lambda w, i, n, o: _by_offset_right(w, i, n, o)[None], "the shape of", capsys=capsys)
+
+
+# --- 9.4 where the model looks in a sentence built to mislead it -----------------------------------
+
+
+@pytest.mark.parametrize("answer", ["hour", " Hour", "'hour'", "HOUR\n"])
+def test_attended_word_accepts_the_word_however_written(answer, capsys):
+    out = _passes(check_predicted_attended_word, lambda: answer, capsys)
+    assert "a nearer cue follows it" in out
+
+
+@pytest.mark.parametrize(("answer", "fragments"), [
+    ("speck", ["'speck'", "the nearer cue", "never read that rule", "cue_index - word_index"]),
+    ("clock", ["'clock'", "six words before minute", "do not add up"]),
+    ("minute", ["another word than minute", "*other* word"]),
+    ("while", ["'while'", "small words of the frames"]),
+    ("the", ["'the'", "small words of the frames"]),
+    ("grain", ["a word of the sentence", "'grain'"]),
+    (10, ["a word", "not its position"]),
+    (None, ["a word", "NoneType"]),
+])
+def test_attended_word_explains_typical_mistakes(answer, fragments, capsys):
+    out = _fails(check_predicted_attended_word, lambda: answer, *fragments, capsys=capsys)
+    assert "hour" not in out.split("hint:")[1].lower()  # no hint gives the answer away
+
+
+def test_the_misleading_sentence_is_what_the_exercise_says():
+    """minute stands at 10, speck (the data set's deciding word) right after it; no training
+    sentence with its ambiguous word at 10 had its deciding word after it."""
+    from attention_book.data import load_ambiguity_dataset
+    from attention_book.exercises.ch09 import _ATTENDED_WORD, MISLEADING_SENTENCE
+
+    words = MISLEADING_SENTENCE.split()
+    position = words.index("minute")
+    assert position == 10 and words[position + 1] == "speck" and _ATTENDED_WORD in words
+    train = [e for e in load_ambiguity_dataset() if e.split == "train" and e.word_index == position]
+    offsets = {e.cue_index - e.word_index for e in train}
+    assert len(train) > 50 and offsets == {-4, -3, -2}
+    assert words.index(_ATTENDED_WORD) - position in offsets
+    assert MISLEADING_SENTENCE not in {e.sentence for e in load_ambiguity_dataset()}

@@ -13,6 +13,7 @@ __all__ = [
     "check_predicted_accuracy_without_positions",
     "check_is_order_blind",
     "check_attention_by_offset",
+    "check_predicted_attended_word",
 ]
 
 #: The band a prediction of the no-position model's test accuracy must fall in: around the
@@ -228,3 +229,67 @@ def check_attention_by_offset(fn) -> None:
                  hint="For each offset, check which row and which column of the weights you read "
                       "(the ambiguous word is the query) and which sentences you average over.")
     passed("you can see how far from the ambiguous word its attention goes.")
+
+
+# --------------------------------------------------------------------------- exercise 9.4
+
+#: The sentence of exercise 9.4. By the rule of the data set its deciding word is *speck*,
+#: right after *minute*; but *minute* stands at position 10, and every training sentence
+#: whose ambiguous word stood there had its deciding word 2 to 4 words *before* it.
+MISLEADING_SENTENCE = "they talked about the clock and the hour while the minute speck"
+# What chapter 9's trained model attends to most from *minute* (the chapter's check cell
+# compares it with the model every time the chapter runs; the browser test with the demo).
+_ATTENDED_WORD = "hour"
+_COUNT_HINT = ("Count, in the training split, where the deciding word stood (cue_index - "
+               "word_index) in the sentences whose ambiguous word stood where minute stands "
+               "here (its word_index, counting from 0).")
+
+
+@checker
+def check_predicted_attended_word(fn) -> None:
+    """Check the prediction ``fn()`` of the word *minute* attends to most in exercise 9.4's sentence.
+
+    ``fn()`` returns one word of :data:`MISLEADING_SENTENCE` (a string): the word, other
+    than *minute* itself, to which chapter 9's trained classifier gives the largest attention
+    weight from *minute*, averaged over its four heads (the word the demo of section 9.7
+    marks with a star). The hints explain the usual wrong predictions without naming the
+    right one.
+
+    Taught in chapter 9 (exercise 9.4).
+    """
+    words = MISLEADING_SENTENCE.split()
+    value = call(fn)
+    expect_true("the prediction is a word", isinstance(value, str),
+                expected="a string such as 'while'", actual=type(value).__name__,
+                hint="Return the word itself, as a string, not its position.")
+    word = value.strip().strip("'\"").lower()
+    expect_true("the prediction is a word of the sentence", word in words,
+                expected=f"one of {sorted(set(words))}", actual=repr(value),
+                hint="Return one of the words of the sentence, spelled as it is there.")
+    if word == "minute":
+        fail("the prediction is another word than minute", expected="a word other than minute",
+             actual="'minute'",
+             hint="Most of minute's attention goes to minute itself (section 9.5); the question "
+                  "is which *other* word gets the most. " + _COUNT_HINT)
+    if word == "speck":
+        fail("your prediction survives the experiment", expected="a prediction that does",
+             actual="'speck'",
+             hint="speck is the nearer cue, the rule by which the data were made. But the model "
+                  "never read that rule: it learned from 1,680 sentences, with a positional "
+                  "encoding that tells it where each word stands in the sentence. "
+                  + _COUNT_HINT)
+    if word == "clock":
+        fail("your prediction survives the experiment", expected="a prediction that does",
+             actual="'clock'",
+             hint="clock stands six words before minute, further than any deciding word "
+                  "stood in the data set, and two time cues do not add up to more attention "
+                  "for the first one. " + _COUNT_HINT)
+    if word != _ATTENDED_WORD:
+        fail("your prediction survives the experiment", expected="a prediction that does",
+             actual=repr(word),
+             hint="In sentences like this one the trained heads look from the ambiguous word "
+                  "at cue words rather than at the small words of the frames (section 9.6). "
+                  + _COUNT_HINT)
+    passed(f"the model looks at {_ATTENDED_WORD!r}: where minute stands, the training sentences "
+           "always had their deciding word a few words before it, so that is where it looks, "
+           "although a nearer cue follows it.")
