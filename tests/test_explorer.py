@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attention_book import explorer as explorer_module  # noqa: E402
-from attention_book.explorer import DEFAULT_SENTENCE, AttentionExplorer  # noqa: E402
+from attention_book.explorer import DEFAULT_SENTENCE  # noqa: E402
 from attention_book.pretrained import load_pretrained  # noqa: E402
 from attention_book.viz import explore  # noqa: E402
 
@@ -345,3 +345,82 @@ def test_live_none_decides_when_displayed(packaged, shown, monkeypatch, capsys, 
     explorer._ipython_display_()
     assert (explorer._widget is not None) is present
     assert ("launch button" in capsys.readouterr().out) is not present
+
+
+# --- the live widget in a real kernel, over the Jupyter messaging protocol ----------------------
+
+
+def _run_cell(client, code, *, allow_stdin):
+    """Execute ``code`` as a front end does; return the cell's iopub messages."""
+    msg_id = client.execute(code, allow_stdin=allow_stdin)
+    messages = []
+    while True:
+        message = client.get_iopub_msg(timeout=240)
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(message)
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            return messages
+
+
+def _comm_updates(client, until):
+    """The kernel's widget updates, read until ``until(updates)`` holds (or a minute passes)."""
+    import queue
+    import time
+
+    updates, deadline = [], time.monotonic() + 60
+    while not until(updates) and time.monotonic() < deadline:
+        try:
+            message = client.get_iopub_msg(timeout=5)
+        except queue.Empty:
+            continue
+        if message["msg_type"] == "comm_msg" and message["content"]["data"].get("method") == "update":
+            updates.append(message["content"]["data"]["state"])
+    return updates
+
+
+def test_in_a_kernel_the_widget_is_live_and_answers_the_front_end(reference):
+    """What JupyterLab does: run the cell with input allowed, then send the text box's new value.
+
+    The kernel must open the widget models and display the widget (no static picture, no
+    stderr), and after the front end's update of the text box it must send the new word
+    pieces, the new strongest link and a new heatmap. A batch-style run of the same line
+    (input not allowed) must store the static picture and open no widget.
+    """
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        messages = _run_cell(client, "from attention_book.viz import explore\nexplorer = explore()\n"
+                                     "explorer", allow_stdin=True)
+        kinds = [m["msg_type"] for m in messages]
+        assert "error" not in kinds and "stream" not in kinds, messages
+        models = {m["content"]["comm_id"]: m["content"]["data"]["state"]["_model_name"]
+                  for m in messages if m["msg_type"] == "comm_open"}
+        assert {"TextModel", "IntSliderModel", "DropdownModel", "ToggleButtonsModel",
+                "OutputModel", "VBoxModel"} <= set(models.values())
+        (shown,) = [m["content"]["data"] for m in messages if m["msg_type"] == "display_data"]
+        assert "application/vnd.jupyter.widget-view+json" in shown
+
+        sentence = "We waited a minute."
+        text_box = next(comm for comm, name in models.items() if name == "TextModel")
+        client.session.send(client.shell_channel.socket, client.session.msg("comm_msg", {
+            "comm_id": text_box,
+            "data": {"method": "update", "state": {"value": sentence}, "buffer_paths": []}}))
+        updates = _comm_updates(client, lambda got: any("outputs" in state for state in got))
+        tokens, attentions = reference(sentence)
+        values = [state["value"] for state in updates if isinstance(state.get("value"), str)]
+        assert any(value.startswith(f"<p><b>Word pieces ({len(tokens)}):</b> <code>[CLS]</code> "
+                                    "<code>we</code> <code>waited</code>") for value in values), values
+        assert "<p>" + _link_line(tokens, attentions[1, 6, 4], 1, 6, 4) + "</p>" in values
+        (outputs,) = [state["outputs"] for state in updates if "outputs" in state]
+        assert "image/png" in outputs[0]["data"]
+
+        batch = _run_cell(client, "explorer", allow_stdin=False)
+        assert [m["msg_type"] for m in batch if m["msg_type"] in ("comm_open", "display_data")] == [
+            "display_data"]
+        (picture,) = [m["content"]["data"] for m in batch if m["msg_type"] == "display_data"]
+        assert "image/png" in picture and "application/vnd.jupyter.widget-view+json" not in picture
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
