@@ -47,9 +47,9 @@ _OUTLINE = "#D55E00"  # Okabe-Ito vermillion: visible on every shade of viridis
 _CACHE_SIZE = 16  # sentences whose attention is kept (a few MB at most)
 _EMPTY = "Type a sentence in the box: an empty text has no word pieces to attend to."
 _LAUNCH = (
-    "This is the explorer's static picture. Run the cell in Jupyter or Colab for the live\n"
-    "explorer; on the website, the launch button at the top of the page opens this chapter's\n"
-    "practice notebook in Colab or Binder."
+    "This is the explorer's static picture. On the website, the launch button at the top of\n"
+    "the page opens the live explorer (this chapter's practice notebook in Colab or Binder);\n"
+    "in Jupyter or Colab, run the cell."
 )
 
 
