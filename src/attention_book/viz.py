@@ -18,7 +18,7 @@ from ._ids import _check_element_id
 
 __all__ = [
     "PIPELINE_STAGES", "plot_attention", "plot_attention_pipeline", "plot_heads", "head_view",
-    "model_view",
+    "model_view", "explore",
 ]
 
 _BERTVIZ_ID = re.compile(r"bertviz-[0-9a-f]{32}")
@@ -417,3 +417,7 @@ def plot_attention_pipeline(highlight: Sequence[str] = (), *, title: str | None 
     ax.set_title(title or (f"Attention, step by step (highlighted: {shown})" if shown
                            else "Attention, step by step"))
     return ax
+
+
+# The explorer (chapter 8) builds on the pictures above; the book names it viz.explore.
+from .explorer import explore  # noqa: E402
