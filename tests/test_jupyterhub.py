@@ -80,6 +80,29 @@ def _readable_by_others(path: Path) -> bool:
     return bool(path.stat().st_mode & 0o004)
 
 
+def _open_for_traversal(paths: list[Path]) -> dict[Path, int]:
+    """Let every account pass through the folders above ``paths`` (the clone, its venv).
+
+    A clone inside a private folder (``mktemp -d`` makes mode 700, root's home is 700) would
+    hide the book's virtual environment from the hub's accounts. Each ancestor without the
+    others' search bit gets it (search only: nobody may list the folder); the returned modes
+    let :func:`_restore_modes` put everything back.
+    """
+    changed: dict[Path, int] = {}
+    for path in paths:
+        for parent in [*reversed(path.resolve().parents), path.resolve()]:
+            mode = parent.stat().st_mode
+            if parent not in changed and not mode & 0o001:
+                changed[parent] = mode & 0o7777
+                parent.chmod(mode & 0o7777 | 0o001)
+    return changed
+
+
+def _restore_modes(changed: dict[Path, int]) -> None:
+    for path, mode in changed.items():
+        path.chmod(mode)
+
+
 def _user_python(base: Path) -> tuple[Path, dict[str, str]]:
     """A Python that every account can run and that sees the book's packages.
 
@@ -280,6 +303,7 @@ def test_a_course_on_jupyterhub():
     base.chmod(0o755)
     hub = Hub(base)
     suffix = secrets.token_hex(3)
+    opened = _open_for_traversal([ROOT, Path(sys.prefix)])
     try:
         (base / "home").mkdir(mode=0o755)
         python, python_env = _user_python(base)
@@ -415,6 +439,7 @@ def test_a_course_on_jupyterhub():
         assert [a["name"] for a in listed] == [assignment]
     finally:
         hub.close()
+        _restore_modes(opened)
         hub.lap("clean up")
         for label, seconds in hub.timings:
             print(f"{seconds:6.1f} s  {label}")
