@@ -199,6 +199,18 @@ def softmax_with_sink(
     return weights.movedim(-1, dim)
 
 
+def _mask_sizes(num_queries: object, num_keys: object) -> int:
+    """Check the sizes of a mask (non-negative ints) and return ``T_k`` (default ``T_q``)."""
+    if num_keys is None:
+        num_keys = num_queries
+    for name, value in (("num_queries", num_queries), ("num_keys", num_keys)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    return num_keys
+
+
 def causal_mask(
     num_queries: int, num_keys: int | None = None, *, device: torch.device | str | None = None
 ) -> torch.Tensor:
@@ -222,13 +234,7 @@ def causal_mask(
 
     Taught in chapter 5.
     """
-    if num_keys is None:
-        num_keys = num_queries
-    for name, value in (("num_queries", num_queries), ("num_keys", num_keys)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+    num_keys = _mask_sizes(num_queries, num_keys)
     ones = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
     return torch.tril(ones, diagonal=num_keys - num_queries)  # (T_q, T_k)
 
@@ -264,13 +270,7 @@ def sliding_window_mask(
 
     Taught in chapter 13.
     """
-    if num_keys is None:
-        num_keys = num_queries
-    for name, value in (("num_queries", num_queries), ("num_keys", num_keys)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+    num_keys = _mask_sizes(num_queries, num_keys)
     _check_positive_int("window", window)
     positions = torch.arange(num_queries, device=device) + (num_keys - num_queries)  # (T_q,)
     keys = torch.arange(num_keys, device=device)  # (T_k,)
