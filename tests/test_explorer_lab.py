@@ -113,6 +113,10 @@ def test_the_explorer_is_live_in_jupyterlab(browser, lab):
         text_box.fill("")
         text_box.press("Enter")
         _shows(page, "[role=alert]", "Type a sentence in the box")
+        # The message and the cleared picture are separate widget updates: wait for the second.
+        page.wait_for_function("() => document.querySelectorAll("
+                               "'.jp-OutputArea .widget-output img').length === 0",
+                               timeout=60_000)
         assert page.locator(".jp-OutputArea .widget-output img").count() == 0
 
         stderr = page.locator(".jp-OutputArea-output[data-mime-type="
