@@ -32,7 +32,7 @@ from .attention import (
     scaled_dot_product_attention,
 )
 from .kv_cache import KVCache
-from .modules import _check_dropout, _check_input, _fused_with_sink
+from .modules import _check_cache, _check_dropout, _check_input, _fused_with_sink, _split_heads
 
 __all__ = ["MultiHeadLatentAttention"]
 
@@ -123,11 +123,6 @@ class MultiHeadLatentAttention(nn.Module):
             self.register_buffer("mask", causal_mask(context_length, device=device),
                                  persistent=False)
 
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        *lead, num_tokens, _ = x.shape
-        x = x.view(*lead, num_tokens, self.num_heads, self.head_dim)  # (..., T, heads, head_dim)
-        return x.transpose(-3, -2)  # (..., heads, T, head_dim)
-
     def _up_projection(self, linear: nn.Linear) -> torch.Tensor:
         """An up-projection's weight, one ``(head_dim, latent_dim)`` block per head."""
         return linear.weight.view(self.num_heads, self.head_dim, self.latent_dim)  # (H, hd, latent)
@@ -180,15 +175,7 @@ class MultiHeadLatentAttention(nn.Module):
             raise TypeError(f"absorb must be a bool, got {type(absorb).__name__}")
         num_keys = num_tokens
         if kv_cache is not None:
-            if not isinstance(kv_cache, KVCache):
-                raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
-            num_keys = len(kv_cache) + num_tokens
-            if self.context_length is not None and num_keys > self.context_length:
-                raise ValueError(
-                    f"the KV cache holds {len(kv_cache)} tokens; adding {num_tokens} more makes "
-                    f"{num_keys}, which exceeds context_length={self.context_length}; "
-                    f"start a new cache (cache.reset()) or build the layer with a longer context"
-                )
+            num_keys = _check_cache(kv_cache, num_tokens, self.context_length)
         if return_weights and self.backend == "sdpa":
             raise ValueError(
                 "backend='sdpa' does not return attention weights; build the layer with "
@@ -198,7 +185,8 @@ class MultiHeadLatentAttention(nn.Module):
         if mask is not None:
             _check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
 
-        queries = self._split_heads(self.W_query(x))  # (..., num_heads, T, head_dim)
+        # (..., num_heads, T, head_dim)
+        queries = _split_heads(self.W_query(x), self.num_heads, self.head_dim)
         latent = self.W_down_kv(x).unsqueeze(-3)  # (..., 1, T, latent_dim): shared by the heads
         if kv_cache is not None:
             # The cache keeps the latent alone: latent_dim numbers per token, not 2 * d_out.
@@ -217,8 +205,10 @@ class MultiHeadLatentAttention(nn.Module):
             context_vec = context_latent @ value_up.transpose(-2, -1)  # (..., num_heads, T, head_dim)
         else:
             latent = latent.squeeze(-3)  # (..., T_k, latent_dim)
-            keys = self._split_heads(self.W_key(latent))  # (..., num_heads, T_k, head_dim)
-            values = self._split_heads(self.W_value(latent))  # (..., num_heads, T_k, head_dim)
+            # (..., num_heads, T_k, head_dim)
+            keys = _split_heads(self.W_key(latent), self.num_heads, self.head_dim)
+            # (..., num_heads, T_k, head_dim)
+            values = _split_heads(self.W_value(latent), self.num_heads, self.head_dim)
             context_vec, attn_weights = self._attend(
                 queries, keys, values, allowed, dropout_p, scale)  # (..., num_heads, T, head_dim)
 

@@ -251,6 +251,27 @@ class MultiHeadAttentionWrapper(nn.Module):
         return (output, attn_weights) if return_weights else output
 
 
+def _split_heads(x: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
+    """``(..., T, num_heads * head_dim)`` -> ``(..., num_heads, T, head_dim)``."""
+    *lead, num_tokens, _ = x.shape
+    x = x.view(*lead, num_tokens, num_heads, head_dim)  # (..., T, heads, head_dim)
+    return x.transpose(-3, -2)  # (..., heads, T, head_dim)
+
+
+def _check_cache(kv_cache: object, num_tokens: int, context_length: int | None) -> int:
+    """Validate ``kv_cache`` for ``num_tokens`` new tokens; return the tokens it will hold."""
+    if not isinstance(kv_cache, KVCache):
+        raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
+    num_keys = len(kv_cache) + num_tokens
+    if context_length is not None and num_keys > context_length:
+        raise ValueError(
+            f"the KV cache holds {len(kv_cache)} tokens; adding {num_tokens} more makes "
+            f"{num_keys}, which exceeds context_length={context_length}; "
+            f"start a new cache (cache.reset()) or build the layer with a longer context"
+        )
+    return num_keys
+
+
 class _HeadedAttention(nn.Module):
     """Shared body of multi-head and grouped-query attention."""
 
@@ -320,28 +341,10 @@ class _HeadedAttention(nn.Module):
             self.register_buffer("mask", causal_mask(context_length, device=device),
                                  persistent=False)
 
-    def _split_heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
-        *lead, num_tokens, _ = x.shape
-        x = x.view(*lead, num_tokens, num_heads, self.head_dim)  # (..., T, heads, head_dim)
-        return x.transpose(-3, -2)  # (..., heads, T, head_dim)
-
     def _causal(self, num_tokens: int, device: torch.device) -> torch.Tensor:
         if hasattr(self, "mask"):
             return self.mask[:num_tokens, :num_tokens]  # (T, T)
         return causal_mask(num_tokens, device=device)  # (T, T)
-
-    def _check_cache(self, kv_cache: object, num_tokens: int) -> int:
-        """Validate ``kv_cache`` for ``num_tokens`` new tokens; return the tokens it will hold."""
-        if not isinstance(kv_cache, KVCache):
-            raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
-        num_keys = len(kv_cache) + num_tokens
-        if self.context_length is not None and num_keys > self.context_length:
-            raise ValueError(
-                f"the KV cache holds {len(kv_cache)} tokens; adding {num_tokens} more makes "
-                f"{num_keys}, which exceeds context_length={self.context_length}; "
-                f"start a new cache (cache.reset()) or build the layer with a longer context"
-            )
-        return num_keys
 
     def _fused(self, queries, keys, values, mask, num_tokens, num_keys, dropout_p, group_size):
         """PyTorch's fused attention, told as much as possible about the mask and the groups."""
@@ -444,7 +447,7 @@ class _HeadedAttention(nn.Module):
         if context is not None:
             num_keys = self._check_context(context, x, kv_cache)
         elif kv_cache is not None:
-            num_keys = self._check_cache(kv_cache, num_tokens)
+            num_keys = _check_cache(kv_cache, num_tokens, self.context_length)
         else:
             num_keys = num_tokens
         if return_weights and self.backend == "sdpa":
@@ -457,9 +460,12 @@ class _HeadedAttention(nn.Module):
             _check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
 
         source = x if context is None else context  # (..., T_k, d_in): where keys come from
-        queries = self._split_heads(self.W_query(x), self.num_heads)  # (..., num_heads, T, head_dim)
-        keys = self._split_heads(self.W_key(source), self.num_kv_heads)  # (..., num_kv_heads, T_k, head_dim)
-        values = self._split_heads(self.W_value(source), self.num_kv_heads)  # (..., num_kv_heads, T_k, hd)
+        # (..., num_heads, T, head_dim)
+        queries = _split_heads(self.W_query(x), self.num_heads, self.head_dim)
+        # (..., num_kv_heads, T_k, head_dim)
+        keys = _split_heads(self.W_key(source), self.num_kv_heads, self.head_dim)
+        # (..., num_kv_heads, T_k, hd)
+        values = _split_heads(self.W_value(source), self.num_kv_heads, self.head_dim)
         if self.rope:
             # Read the positions before the cache grows: the new tokens come after len(cache).
             positions = self._rope_positions(num_tokens, kv_cache, x.device)  # (T,)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .heads import _induction_scores, _previous_token_scores, induction_targets
+from .train import _progress_bar, _threads
 
 __all__ = [
     "RepeatedSegments",
@@ -227,7 +228,6 @@ def train_on_repeats(
     """
     _check_int("steps", steps, 1)
     _check_int("record_every", record_every, 1)
-    from tqdm.auto import trange
 
     device = next(model.parameters()).device
     sizes = {"seq_len": model.context_length, "segment_len": segment_len,
@@ -258,13 +258,8 @@ def train_on_repeats(
         history["previous_token"].append(_previous_token_scores(weights).cpu())
         history["induction"].append(_induction_scores(weights, probe_targets).cpu())
 
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
-        # No elapsed time or rate in the bar: the text a notebook stores stays the same.
-        bar = trange(steps, desc="steps", disable=not progress,
-                     bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}")
+    with _threads(num_threads):
+        bar = _progress_bar(steps, "steps", progress)
         record(0)
         for step in bar:
             batch = repeated_segments(batch_size, **sizes, offset=offset, generator=generator,
@@ -277,7 +272,5 @@ def train_on_repeats(
             if (step + 1) % record_every == 0 or step + 1 == steps:
                 record(step + 1)
                 bar.set_postfix_str(f"accuracy {history['accuracy'][-1]:.0%}")
-    finally:
-        torch.set_num_threads(previous_threads)
     model.eval()
     return history

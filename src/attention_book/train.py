@@ -9,6 +9,7 @@ averaging, gives every word the same weight instead.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -288,18 +289,30 @@ def train_classifier(
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    from tqdm.auto import trange
+    with _threads(num_threads):
+        bar = _progress_bar(epochs, "epochs", progress)
+        return _train(model, train_data, val_data, epochs, batch_size, lr, seed, bar)
 
+
+@contextmanager
+def _threads(num_threads: int | None):
+    """Run the block with ``num_threads`` torch threads (None: unchanged), then restore them."""
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
-        # No elapsed time or rate in the bar: the text a notebook stores stays the same.
-        bar = trange(epochs, desc="epochs", disable=not progress,
-                     bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}")
-        return _train(model, train_data, val_data, epochs, batch_size, lr, seed, bar)
+        yield
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def _progress_bar(total: int, desc: str, progress: bool):
+    """A tqdm range over ``total`` items, without elapsed time or rate, so that the text a
+    notebook stores stays the same from run to run."""
+    from tqdm.auto import trange
+
+    return trange(total, desc=desc, disable=not progress,
+                  bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}")
 
 
 def _train(model, train_data, val_data, epochs, batch_size, lr, seed, bar):
