@@ -12,15 +12,6 @@ from attention_book import GroupedQueryAttention, MultiHeadAttention
 from attention_book.exercises import check_load_c_attn, check_mha_to_gqa, check_multi_head_cross_attention
 
 
-def test_checkers_are_reexported():
-    import attention_book.exercises as exercises
-    from attention_book.exercises import ch07
-
-    assert len(ch07.__all__) >= 3
-    for name in ch07.__all__:
-        assert getattr(exercises, name) is getattr(ch07, name)
-
-
 def _fails(checker, answer, *fragments, capsys):
     assert checker(answer) is False
     out = capsys.readouterr().out

@@ -16,16 +16,6 @@ from attention_book.exercises import (
 )
 
 
-def test_checkers_are_reexported():
-    import attention_book.exercises as exercises
-    from attention_book.exercises import ch08, ch09
-
-    for module in (ch08, ch09):
-        assert len(module.__all__) >= 3
-        for name in module.__all__:
-            assert getattr(exercises, name) is getattr(module, name)
-
-
 def _passes(checker, answer, capsys):
     assert checker(answer) is True
     out = capsys.readouterr().out

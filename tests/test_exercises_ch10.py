@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from checker_asserts import assert_fails, assert_passes
 from torch.nn.attention.bias import causal_lower_right
 
 from attention_book import causal_mask
@@ -17,34 +18,11 @@ from attention_book.exercises import (
     check_predicted_cache_bytes,
 )
 
-
-def test_checkers_are_reexported():
-    import attention_book.exercises as exercises
-    from attention_book.exercises import ch10
-
-    for name in ch10.__all__:
-        assert getattr(exercises, name) is getattr(ch10, name)
-
-
-def _passes(checker, capsys, *answer):
-    assert checker(*answer) is True
-    assert capsys.readouterr().out.startswith("Correct:")
-
-
-def _fails_with(checker, answer, capsys, *phrases):
-    assert checker(answer) is False
-    out = capsys.readouterr().out
-    assert out.startswith("Not yet.")
-    for phrase in phrases:
-        assert phrase in out, out
-    return out
-
-
 # --- 10.1 attention_flops with T_q != T_k --------------------------------------------------------
 
 
 def test_flops_right(capsys):
-    _passes(check_attention_flops, capsys, lambda b, h, tq, tk, d: 4 * b * h * tq * tk * d)
+    assert_passes(check_attention_flops, lambda b, h, tq, tk, d: 4 * b * h * tq * tk * d, capsys)
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
@@ -55,15 +33,15 @@ def test_flops_right(capsys):
     (lambda b, h, tq, tk, d: 4 * b * h * (tq + tk) * d, "Count the two products"),
 ])
 def test_flops_wrong(answer, phrase, capsys):
-    _fails_with(check_attention_flops, answer, capsys, phrase)
+    assert_fails(check_attention_flops, answer, capsys, phrase)
 
 
 def test_flops_unwritten(capsys):
     def attention_flops(batch_size, num_heads, num_queries, num_keys, head_dim):
         raise NotImplementedError()
 
-    _fails_with(check_attention_flops, attention_flops, capsys,
-                "You have not written `attention_flops` yet")
+    assert_fails(check_attention_flops, attention_flops, capsys,
+                 "You have not written `attention_flops` yet", sections=())
 
 
 # --- 10.2 predicted cache bytes ----------------------------------------------------------------
@@ -72,7 +50,7 @@ RIGHT_BYTES = 2 * 1 * 2 * 40 * 8 * 4  # keys and values, B, H_kv, max_length, he
 
 
 def test_prediction_right(capsys):
-    _passes(check_predicted_cache_bytes, capsys, lambda: RIGHT_BYTES)
+    assert_passes(check_predicted_cache_bytes, lambda: RIGHT_BYTES, capsys)
 
 
 @pytest.mark.parametrize(("value", "phrase"), [
@@ -86,12 +64,12 @@ def test_prediction_right(capsys):
     (12345, "Work through the cache's buffers"),
 ])
 def test_prediction_wrong_never_reveals_the_answer(value, phrase, capsys):
-    out = _fails_with(check_predicted_cache_bytes, lambda: value, capsys, phrase)
+    out = assert_fails(check_predicted_cache_bytes, lambda: value, capsys, phrase)
     assert str(RIGHT_BYTES) not in out
 
 
 def test_prediction_not_an_int(capsys):
-    _fails_with(check_predicted_cache_bytes, lambda: "5 KiB", capsys, "is an int")
+    assert_fails(check_predicted_cache_bytes, lambda: "5 KiB", capsys, "is an int")
 
 
 # --- 10.3 combine two partial softmax states -------------------------------------------------
@@ -162,7 +140,7 @@ def combine_sum_m(state_a, state_b):
 
 
 def test_combine_right(capsys):
-    _passes(check_combine, capsys, combine_right)
+    assert_passes(check_combine, combine_right, capsys)
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
@@ -179,7 +157,7 @@ def test_combine_right(capsys):
     (lambda a, b: (a[0].squeeze(-1), a[1], a[2]), "the shape of m"),
 ])
 def test_combine_wrong(answer, phrase, capsys):
-    _fails_with(check_combine, answer, capsys, phrase)
+    assert_fails(check_combine, answer, capsys, phrase)
 
 
 # --- 10.4 cached attention (bug hunt) --------------------------------------------------------
@@ -243,7 +221,7 @@ def cached_inverted(query_new, key_new, value_new, cache):
 
 @pytest.mark.parametrize("answer", [cached_right, cached_lower_right, cached_by_hand])
 def test_cached_right(answer, capsys):
-    _passes(check_cached_attention, capsys, answer)
+    assert_passes(check_cached_attention, answer, capsys)
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
@@ -256,4 +234,4 @@ def test_cached_right(answer, capsys):
     (cached_inverted, "aligned bottom-right: new query i may see keys"),
 ])
 def test_cached_wrong(answer, phrase, capsys):
-    _fails_with(check_cached_attention, answer, capsys, phrase)
+    assert_fails(check_cached_attention, answer, capsys, phrase)

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from checker_asserts import assert_fails, assert_passes
 from torch import nn
 
 import attention_book
@@ -17,29 +18,6 @@ from attention_book.exercises import (
     check_leaks_future,
     check_padded_attention,
 )
-
-
-def test_checkers_are_reexported():
-    import attention_book.exercises as exercises
-    from attention_book.exercises import ch11
-
-    for name in ch11.__all__:
-        assert getattr(exercises, name) is getattr(ch11, name)
-
-
-def _passes(checker, answer, capsys):
-    assert checker(answer) is True
-    assert capsys.readouterr().out.startswith("Correct:")
-
-
-def _fails_with(checker, answer, capsys, *phrases):
-    assert checker(answer) is False
-    out = capsys.readouterr().out
-    assert out.startswith("Not yet.")
-    for phrase in phrases:
-        assert phrase in out, out
-    return out
-
 
 # --- 11.1 padded attention (bug hunt) --------------------------------------------------------
 
@@ -87,7 +65,7 @@ def padded_only_first_query(query, key, value, attention_mask):
 
 @pytest.mark.parametrize("answer", [padded_bool, padded_additive, padded_book])
 def test_padded_right(answer, capsys):
-    _passes(check_padded_attention, answer, capsys)
+    assert_passes(check_padded_attention, answer, capsys)
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
@@ -98,7 +76,7 @@ def test_padded_right(answer, capsys):
     (padded_only_first_query, "for every query of the sequence"),
 ])
 def test_padded_wrong(answer, phrase, capsys):
-    _fails_with(check_padded_attention, answer, capsys, phrase)
+    assert_fails(check_padded_attention, answer, capsys, phrase)
 
 
 @pytest.mark.parametrize("copied", [bug_zoo.healthy_attention,
@@ -200,7 +178,7 @@ def leaks_returns_text(layer, num_tokens):
 
 
 def test_leaks_right(capsys):
-    _passes(check_leaks_future, leaks_right, capsys)
+    assert_passes(check_leaks_future, leaks_right, capsys)
 
 
 def test_leaks_right_with_tensors_in_the_pair(capsys):
@@ -208,7 +186,7 @@ def test_leaks_right_with_tensors_in_the_pair(capsys):
         found = leaks_right(layer, num_tokens)
         return None if found is None else (torch.tensor(found[0]), torch.tensor(found[1]))
 
-    _passes(check_leaks_future, answer, capsys)
+    assert_passes(check_leaks_future, answer, capsys)
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
@@ -223,7 +201,7 @@ def test_leaks_right_with_tensors_in_the_pair(capsys):
     (lambda layer, num_tokens: (0, 1), "this layer cannot see the future"),
 ])
 def test_leaks_wrong(answer, phrase, capsys):
-    _fails_with(check_leaks_future, answer, capsys, phrase)
+    assert_fails(check_leaks_future, answer, capsys, phrase)
 
 
 # --- 11.3 the blog layer with two bugs (bug hunt) ---------------------------------------------
@@ -288,7 +266,7 @@ def _blog_forward(scale_by_sqrt: bool, dropout: str):
 
 
 def test_blog_right(capsys):
-    _passes(check_fixed_blog_attention, _blog_forward(True, "fixed"), capsys)
+    assert_passes(check_fixed_blog_attention, _blog_forward(True, "fixed"), capsys)
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
@@ -301,7 +279,7 @@ def test_blog_right(capsys):
     (BlogCausalAttention(6, 8, 8, 2, 0.5), "Pass the class itself"),
 ])
 def test_blog_wrong(answer, phrase, capsys):
-    _fails_with(check_fixed_blog_attention, answer, capsys, phrase)
+    assert_fails(check_fixed_blog_attention, answer, capsys, phrase)
 
 
 def test_blog_wrong_without_out_proj(capsys):
@@ -316,7 +294,7 @@ def test_blog_wrong_without_out_proj(capsys):
                                                      dropout_p=self.dropout_p * self.training)
             return context.transpose(1, 2).reshape(batch, num_tokens, -1)
 
-    _fails_with(check_fixed_blog_attention, NoOutProj, capsys, "out_proj")
+    assert_fails(check_fixed_blog_attention, NoOutProj, capsys, "out_proj")
 
 
 def test_blog_unwritten(capsys):
@@ -324,8 +302,8 @@ def test_blog_unwritten(capsys):
         def forward(self, x):
             raise NotImplementedError()
 
-    _fails_with(check_fixed_blog_attention, FixedBlogAttention, capsys,
-                "You have not written `forward` yet")
+    assert_fails(check_fixed_blog_attention, FixedBlogAttention, capsys,
+                 "You have not written `forward` yet", sections=())
 
 
 @pytest.mark.parametrize("copied", [bug_zoo.HealthyMultiHeadAttention,

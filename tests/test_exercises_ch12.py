@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from checker_asserts import assert_fails, assert_passes, unwritten
 
 from attention_book import KVCache, causal_mask, rotary_embedding, scaled_dot_product_attention
 from attention_book.exercises import (
@@ -17,33 +18,11 @@ from attention_book.exercises import (
 )
 
 
-def _passes(checker, answer, capsys) -> str:
-    assert checker(answer) is True
-    out = capsys.readouterr().out
-    assert out.startswith("Correct:"), out
-    return out
-
-
-def _fails(checker, answer, capsys, *phrases: str) -> str:
-    assert checker(answer) is False
-    out = capsys.readouterr().out
-    assert out.startswith("Not yet."), out
-    for part in ("expected:", "actual:", "hint:"):
-        assert out.count(part) == 1, out
-    for phrase in phrases:
-        assert phrase in out, out
-    return out
-
-
-def _unwritten(*args, **kwargs):
-    raise NotImplementedError()
-
-
 @pytest.mark.parametrize("checker", [check_masked_cross_attention, check_changed_scores, check_rope_2d,
                                      check_fixed_rope, check_decodes_like_full_pass])
 def test_a_blank_answer_says_it_is_not_written_yet(checker, capsys):
-    assert checker(_unwritten) is False
-    assert "You have not written `_unwritten` yet" in capsys.readouterr().out
+    assert checker(unwritten) is False
+    assert "You have not written `unwritten` yet" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- 12.1
@@ -55,7 +34,7 @@ def cross_attention(x, context, W_query, W_key, W_value, context_mask=None):
 
 
 def test_cross_attention_right_answer(capsys):
-    _passes(check_masked_cross_attention, cross_attention, capsys)
+    assert_passes(check_masked_cross_attention, cross_attention, capsys)
 
 
 def test_cross_attention_with_a_causal_mask(capsys):
@@ -66,24 +45,24 @@ def test_cross_attention_with_a_causal_mask(capsys):
         return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value,
                                             allowed)
 
-    _fails(check_masked_cross_attention, causal, capsys, "every query sees every real context token",
-           "no causal mask")
+    assert_fails(check_masked_cross_attention, causal, capsys, "every query sees every real context token",
+                 "no causal mask")
 
 
 def test_cross_attention_ignoring_the_padding_mask(capsys):
     def unmasked(x, context, W_query, W_key, W_value, context_mask=None):
         return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value)
 
-    _fails(check_masked_cross_attention, unmasked, capsys, "padded context tokens get zero weight",
-           "context_mask[:, None, :]")
+    assert_fails(check_masked_cross_attention, unmasked, capsys, "padded context tokens get zero weight",
+                 "context_mask[:, None, :]")
 
 
 def test_cross_attention_with_keys_from_x(capsys):
     def self_attention(x, context, W_query, W_key, W_value, context_mask=None):
         return scaled_dot_product_attention(x @ W_query, x @ W_key, x @ W_value)
 
-    _fails(check_masked_cross_attention, self_attention, capsys, "the shape of the weights is (2, 3, 5)",
-           "the keys come from the context")
+    assert_fails(check_masked_cross_attention, self_attention, capsys,
+                 "the shape of the weights is (2, 3, 5)", "the keys come from the context")
 
 
 def test_cross_attention_without_the_scale(capsys):
@@ -92,57 +71,57 @@ def test_cross_attention_without_the_scale(capsys):
         return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value, mask,
                                             scale=1.0)
 
-    _fails(check_masked_cross_attention, unscaled, capsys, "the values of the weights", "1/sqrt(d_out)")
+    assert_fails(check_masked_cross_attention, unscaled, capsys, "the values of the weights", "1/sqrt(d_out)")
 
 
 def test_cross_attention_returning_only_the_output(capsys):
-    _fails(check_masked_cross_attention, lambda *args: cross_attention(*args)[0], capsys,
-           "returns the pair (output, weights)")
+    assert_fails(check_masked_cross_attention, lambda *args: cross_attention(*args)[0], capsys,
+                 "returns the pair (output, weights)")
 
 
 # ----------------------------------------------------------------------------- 12.2
 
 
 def test_the_right_prediction(capsys):
-    out = _passes(check_changed_scores, lambda: ~torch.eye(4, dtype=torch.bool), capsys)
+    out = assert_passes(check_changed_scores, lambda: ~torch.eye(4, dtype=torch.bool), capsys)
     assert "only the diagonal keeps its scores" in out
     # A nested list of bools is a prediction too.
     table = [[m != n for n in range(4)] for m in range(4)]
-    _passes(check_changed_scores, lambda: table, capsys)
+    assert_passes(check_changed_scores, lambda: table, capsys)
 
 
 def test_predicting_that_everything_changes(capsys):
-    _fails(check_changed_scores, lambda: torch.ones(4, 4, dtype=torch.bool), capsys,
-           "same position keep their value", "True at (0, 0), (1, 1), (2, 2), (3, 3)")
+    assert_fails(check_changed_scores, lambda: torch.ones(4, 4, dtype=torch.bool), capsys,
+                 "same position keep their value", "True at (0, 0), (1, 1), (2, 2), (3, 3)")
 
 
 def test_predicting_that_nothing_changes(capsys):
-    _fails(check_changed_scores, lambda: torch.zeros(4, 4, dtype=torch.bool), capsys,
-           "the pairing matters for some scores")
+    assert_fails(check_changed_scores, lambda: torch.zeros(4, 4, dtype=torch.bool), capsys,
+                 "the pairing matters for some scores")
 
 
 def test_predicting_that_position_zero_is_safe(capsys):
     prediction = ~torch.eye(4, dtype=torch.bool)
     prediction[0, :] = False
     prediction[:, 0] = False
-    _fails(check_changed_scores, lambda: prediction, capsys,
-           "False at (0, 1), (0, 2), (0, 3), (1, 0)", "at position 0 nothing turns")
+    assert_fails(check_changed_scores, lambda: prediction, capsys,
+                 "False at (0, 1), (0, 2), (0, 3), (1, 0)", "at position 0 nothing turns")
 
 
 def test_predicting_only_the_causal_half(capsys):
-    _fails(check_changed_scores, lambda: torch.ones(4, 4, dtype=torch.bool).tril(-1), capsys,
-           "scores of tokens at different positions change", "before a causal mask hides them")
+    assert_fails(check_changed_scores, lambda: torch.ones(4, 4, dtype=torch.bool).tril(-1), capsys,
+                 "scores of tokens at different positions change", "before a causal mask hides them")
 
 
 def test_predicting_a_few_changes(capsys):
     prediction = torch.zeros(4, 4, dtype=torch.bool)
     prediction[0, 1] = prediction[2, 3] = True
-    _fails(check_changed_scores, lambda: prediction, capsys, "False at (0, 2), (0, 3), (1, 0)",
-           "two different rotations")
+    assert_fails(check_changed_scores, lambda: prediction, capsys, "False at (0, 2), (0, 3), (1, 0)",
+                 "two different rotations")
 
 
 def test_a_prediction_of_the_wrong_shape(capsys):
-    _fails(check_changed_scores, lambda: [True, False], capsys, "the shape of your prediction")
+    assert_fails(check_changed_scores, lambda: [True, False], capsys, "the shape of your prediction")
 
 
 # ----------------------------------------------------------------------------- 12.3
@@ -155,25 +134,25 @@ def rope_2d(x, rows, cols):
 
 
 def test_rope_2d_right_answer(capsys):
-    _passes(check_rope_2d, rope_2d, capsys)
+    assert_passes(check_rope_2d, rope_2d, capsys)
 
 
 def test_rope_2d_with_rows_and_columns_swapped(capsys):
-    _fails(check_rope_2d, lambda x, rows, cols: rope_2d(x, cols, rows), capsys,
-           "the first half of the features turns with the rows")
+    assert_fails(check_rope_2d, lambda x, rows, cols: rope_2d(x, cols, rows), capsys,
+                 "the first half of the features turns with the rows")
 
 
 def test_rope_2d_with_added_positions(capsys):
     # One rotation by rows + cols: not shift-invariant per axis, so the property names it.
-    _fails(check_rope_2d, lambda x, rows, cols: rotary_embedding(x, rows * 3 + cols), capsys,
-           "the values of rope_2d")
+    assert_fails(check_rope_2d, lambda x, rows, cols: rotary_embedding(x, rows * 3 + cols), capsys,
+                 "the values of rope_2d")
 
 
 def test_rope_2d_not_relative(capsys):
     def absolute(x, rows, cols):
         return rope_2d(x, rows, cols) + 0.1 * rows[:, None]  # adds an absolute position
 
-    _fails(check_rope_2d, absolute, capsys, "scores depend only on the row and column distances")
+    assert_fails(check_rope_2d, absolute, capsys, "scores depend only on the row and column distances")
 
 
 def test_rope_2d_interleaved(capsys):
@@ -182,7 +161,7 @@ def test_rope_2d_interleaved(capsys):
         return torch.cat((rotary_embedding(x[..., :half], rows, interleaved=True),
                           rotary_embedding(x[..., half:], cols, interleaved=True)), dim=-1)
 
-    _fails(check_rope_2d, interleaved, capsys, "each half uses the split-half pairing")
+    assert_fails(check_rope_2d, interleaved, capsys, "each half uses the split-half pairing")
 
 
 # ----------------------------------------------------------------------------- 12.4
@@ -210,27 +189,27 @@ def fixed_rope(x, positions):
 
 
 def test_fixed_rope_right_answer(capsys):
-    _passes(check_fixed_rope, fixed_rope, capsys)
+    assert_passes(check_fixed_rope, fixed_rope, capsys)
 
 
 def test_the_blogs_bug_is_caught_by_the_shift(capsys):
-    _fails(check_fixed_rope, rope_from_a_blog, capsys,
-           "the scores stay the same when every position shifts by 7", "cos and sin")
+    assert_fails(check_fixed_rope, rope_from_a_blog, capsys,
+                 "the scores stay the same when every position shifts by 7", "cos and sin")
 
 
 def test_fixed_rope_with_the_interleaved_pairing(capsys):
-    _fails(check_fixed_rope, lambda x, p: rotary_embedding(x, p, interleaved=True), capsys,
-           "the fix keeps the split-half pairing")
+    assert_fails(check_fixed_rope, lambda x, p: rotary_embedding(x, p, interleaved=True), capsys,
+                 "the fix keeps the split-half pairing")
 
 
 def test_fixed_rope_turning_the_wrong_way(capsys):
-    _fails(check_fixed_rope, lambda x, p: rotary_embedding(x, -p), capsys,
-           "the pairs turn by +angle")
+    assert_fails(check_fixed_rope, lambda x, p: rotary_embedding(x, -p), capsys,
+                 "the pairs turn by +angle")
 
 
 def test_fixed_rope_with_other_frequencies(capsys):
-    _fails(check_fixed_rope, lambda x, p: rotary_embedding(x, p, base=100.0), capsys,
-           "the values of fixed_rope")
+    assert_fails(check_fixed_rope, lambda x, p: rotary_embedding(x, p, base=100.0), capsys,
+                 "the values of fixed_rope")
 
 
 # ----------------------------------------------------------------------------- 12.5
@@ -245,18 +224,18 @@ def decodes_like_full_pass(layer, x):
 
 
 def test_property_test_right_answer(capsys):
-    out = _passes(check_decodes_like_full_pass, decodes_like_full_pass, capsys)
+    out = assert_passes(check_decodes_like_full_pass, decodes_like_full_pass, capsys)
     assert "catches both broken ones" in out
 
 
 def test_property_test_that_always_passes(capsys):
-    _fails(check_decodes_like_full_pass, lambda layer, x: True, capsys,
-           "your test catches a broken layer: bug_zoo.RotaryCacheRestartsPositions")
+    assert_fails(check_decodes_like_full_pass, lambda layer, x: True, capsys,
+                 "your test catches a broken layer: bug_zoo.RotaryCacheRestartsPositions")
 
 
 def test_property_test_that_always_fails(capsys):
-    _fails(check_decodes_like_full_pass, lambda layer, x: False, capsys,
-           "a healthy layer passes your test: MultiHeadAttention(rope=True)")
+    assert_fails(check_decodes_like_full_pass, lambda layer, x: False, capsys,
+                 "a healthy layer passes your test: MultiHeadAttention(rope=True)")
 
 
 def test_property_test_comparing_only_the_first_token(capsys):
@@ -265,8 +244,8 @@ def test_property_test_comparing_only_the_first_token(capsys):
         with torch.no_grad():
             return torch.allclose(layer(x[:, :1], kv_cache=cache), layer(x)[:, :1], atol=1e-5)
 
-    _fails(check_decodes_like_full_pass, first_only, capsys, "RotaryCacheRestartsPositions",
-           "the first token is right")
+    assert_fails(check_decodes_like_full_pass, first_only, capsys, "RotaryCacheRestartsPositions",
+                 "the first token is right")
 
 
 def test_property_test_feeding_everything_in_one_call(capsys):
@@ -274,7 +253,7 @@ def test_property_test_feeding_everything_in_one_call(capsys):
         with torch.no_grad():
             return torch.allclose(layer(x, kv_cache=KVCache(x.size(-2))), layer(x), atol=1e-5)
 
-    _fails(check_decodes_like_full_pass, one_call, capsys, "RotaryCacheRestartsPositions")
+    assert_fails(check_decodes_like_full_pass, one_call, capsys, "RotaryCacheRestartsPositions")
 
 
 def test_property_test_comparing_exactly(capsys):
@@ -284,17 +263,17 @@ def test_property_test_comparing_exactly(capsys):
             steps = [layer(x[:, t:t + 1], kv_cache=cache) for t in range(x.size(-2))]
             return torch.equal(torch.cat(steps, dim=-2), layer(x))
 
-    _fails(check_decodes_like_full_pass, exact, capsys, "a healthy layer passes your test",
-           "within a tolerance")
+    assert_fails(check_decodes_like_full_pass, exact, capsys, "a healthy layer passes your test",
+                 "within a tolerance")
 
 
 def test_property_test_returning_a_tensor_is_accepted(capsys):
     def as_tensor(layer, x):
         return torch.tensor(decodes_like_full_pass(layer, x))
 
-    _passes(check_decodes_like_full_pass, as_tensor, capsys)
+    assert_passes(check_decodes_like_full_pass, as_tensor, capsys)
 
 
 def test_property_test_returning_a_number(capsys):
-    _fails(check_decodes_like_full_pass, lambda layer, x: math.pi, capsys,
-           "the test returns True or False")
+    assert_fails(check_decodes_like_full_pass, lambda layer, x: math.pi, capsys,
+                 "the test returns True or False")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from checker_asserts import assert_fails, unwritten
 
 from attention_book.exercises import (
     check_block_forward,
@@ -10,27 +11,6 @@ from attention_book.exercises import (
     check_breaking_heads,
     check_is_causal,
 )
-
-
-def test_checkers_are_reexported():
-    import attention_book.exercises as exercises
-    from attention_book.exercises import ch14
-
-    for name in ch14.__all__:
-        assert getattr(exercises, name) is getattr(ch14, name)
-
-
-def _fails_with(checker, answer, capsys, *phrases):
-    assert checker(answer) is False
-    out = capsys.readouterr().out
-    assert out.startswith("Not yet."), out
-    for phrase in phrases:
-        assert phrase in out, out
-
-
-def _not_written(*args):
-    raise NotImplementedError()
-
 
 # --- block_parameter_count --------------------------------------------------------------------
 
@@ -45,29 +25,30 @@ def test_count_right(capsys):
 
 
 def test_count_without_qkv_bias(capsys):
-    _fails_with(check_block_parameter_count, lambda d, r, b: count_right(d, r, False), capsys,
-                "counts the query, key and value biases")
+    assert_fails(check_block_parameter_count, lambda d, r, b: count_right(d, r, False), capsys,
+                 "counts the query, key and value biases")
 
 
 def test_count_without_layernorms(capsys):
-    _fails_with(check_block_parameter_count, lambda d, r, b: count_right(d, r, b) - 4 * d,
-                capsys, "counts the LayerNorms")
+    assert_fails(check_block_parameter_count, lambda d, r, b: count_right(d, r, b) - 4 * d,
+                 capsys, "counts the LayerNorms")
 
 
 def test_count_with_a_fixed_ratio(capsys):
-    _fails_with(check_block_parameter_count, lambda d, r, b: count_right(d, 4, b), capsys,
-                "follows mlp_ratio")
+    assert_fails(check_block_parameter_count, lambda d, r, b: count_right(d, 4, b), capsys,
+                 "follows mlp_ratio")
 
 
 def test_count_without_biases_at_all(capsys):
-    _fails_with(check_block_parameter_count, lambda d, r, b: (4 + 2 * r) * d * d, capsys,
-                "has the right value", "two LayerNorms")
+    assert_fails(check_block_parameter_count, lambda d, r, b: (4 + 2 * r) * d * d, capsys,
+                 "has the right value", "two LayerNorms")
 
 
 def test_count_as_float_and_not_written(capsys):
-    _fails_with(check_block_parameter_count, lambda d, r, b: float(count_right(d, r, b)), capsys,
-                "is an int")
-    _fails_with(check_block_parameter_count, _not_written, capsys, "You have not written")
+    assert_fails(check_block_parameter_count, lambda d, r, b: float(count_right(d, r, b)), capsys,
+                 "is an int")
+    assert_fails(check_block_parameter_count, unwritten, capsys, "You have not written",
+                 sections=())
 
 
 # --- breaking heads -----------------------------------------------------------------------------
@@ -80,22 +61,22 @@ def test_heads_right(capsys):
 
 
 def test_heads_decoy_included(capsys):
-    _fails_with(check_breaking_heads, lambda: {"L0H0", "L0H1", "L1H0"}, capsys,
-                "look right but write nothing", "value projection is zero")
+    assert_fails(check_breaking_heads, lambda: {"L0H0", "L0H1", "L1H0"}, capsys,
+                 "look right but write nothing", "value projection is zero")
 
 
 def test_heads_previous_token_head_left_out(capsys):
-    _fails_with(check_breaking_heads, lambda: {"L1H0"}, capsys, "writes the previous token")
+    assert_fails(check_breaking_heads, lambda: {"L1H0"}, capsys, "writes the previous token")
 
 
 def test_heads_induction_head_left_out(capsys):
-    _fails_with(check_breaking_heads, lambda: {"L0H0"}, capsys,
-                "exactly the heads whose ablation breaks copying", "['L0H0', 'L1H0']")
+    assert_fails(check_breaking_heads, lambda: {"L0H0"}, capsys,
+                 "exactly the heads whose ablation breaks copying", "['L0H0', 'L1H0']")
 
 
 def test_heads_bad_names_and_types(capsys):
-    _fails_with(check_breaking_heads, lambda: {"layer 0"}, capsys, "is a head of the model")
-    _fails_with(check_breaking_heads, lambda: "L0H0", capsys, "a set of head names")
+    assert_fails(check_breaking_heads, lambda: {"layer 0"}, capsys, "is a head of the model")
+    assert_fails(check_breaking_heads, lambda: "L0H0", capsys, "a set of head names")
 
 
 # --- block forward ------------------------------------------------------------------------------
@@ -133,16 +114,16 @@ def test_forward_right(capsys):
 
 
 def test_forward_typical_bugs(capsys):
-    _fails_with(check_block_forward, forward_stream_normed, capsys,
-                "carries x, not attention_norm(x)")
-    _fails_with(check_block_forward, forward_raw_mlp, capsys, "MLP reads a LayerNorm-ed copy")
-    _fails_with(check_block_forward, forward_post_norm, capsys, "is pre-LayerNorm")
-    _fails_with(check_block_forward, forward_no_residual, capsys, "the values of the block")
+    assert_fails(check_block_forward, forward_stream_normed, capsys,
+                 "carries x, not attention_norm(x)")
+    assert_fails(check_block_forward, forward_raw_mlp, capsys, "MLP reads a LayerNorm-ed copy")
+    assert_fails(check_block_forward, forward_post_norm, capsys, "is pre-LayerNorm")
+    assert_fails(check_block_forward, forward_no_residual, capsys, "the values of the block")
 
 
 def test_forward_must_use_the_parts(capsys):
-    _fails_with(check_block_forward, lambda block, x: block(x), capsys,
-                "call the block's parts")
+    assert_fails(check_block_forward, lambda block, x: block(x), capsys,
+                 "call the block's parts")
 
 
 # --- is_causal ----------------------------------------------------------------------------------
@@ -183,19 +164,19 @@ def test_is_causal_right(capsys):
 
 
 def test_is_causal_that_changes_only_the_last_token_misses_a_leak(capsys):
-    _fails_with(check_is_causal, is_causal_last_token_only, capsys,
-                "rejects a model with position 0 reads token 3")
+    assert_fails(check_is_causal, is_causal_last_token_only, capsys,
+                 "rejects a model with position 0 reads token 3")
 
 
 def test_is_causal_that_compares_every_position_rejects_healthy_models(capsys):
-    _fails_with(check_is_causal, is_causal_compares_everything, capsys,
-                "accepts a healthy TinyGPT")
+    assert_fails(check_is_causal, is_causal_compares_everything, capsys,
+                 "accepts a healthy TinyGPT")
 
 
 def test_is_causal_that_always_says_yes_or_returns_a_tensor(capsys):
-    _fails_with(check_is_causal, lambda model: True, capsys,
-                "rejects a model with attention without the causal mask")
-    _fails_with(check_is_causal, lambda model: torch.tensor(True), capsys, "returns a bool")
+    assert_fails(check_is_causal, lambda model: True, capsys,
+                 "rejects a model with attention without the causal mask")
+    assert_fails(check_is_causal, lambda model: torch.tensor(True), capsys, "returns a bool")
 
 
 def test_checkers_leave_the_global_random_state_alone():
