@@ -371,8 +371,16 @@ def test_keyboard_only_use_label_and_live_region(demo_page):
     page.keyboard.type("a minute with dust because we saw the klock")
     live = page.locator(f"{DEMO} .ab-live")
     assert live.get_attribute("aria-live") == "polite"
-    page.wait_for_function("(s) => document.querySelector(s).querySelector('.ab-live')"
-                           ".textContent.includes('The model reads minute as')", arg=DEMO)
+    # The live region speaks once the reader pauses (a 400 ms debounce), so wait until it says
+    # what the demo now shows: before that it still holds the previous test's sentence.
+    page.wait_for_function("""(s) => {
+      const root = document.querySelector(s);
+      const shown = [...root.querySelectorAll('.ab-demo-output .ab-message, '
+                                              + '.ab-demo-output .ab-prediction')];
+      const said = shown.map(p => p.textContent).join(' ');
+      return said.includes('klock') && root.querySelector('.ab-live').textContent === said;
+    }""", arg=DEMO)
+    assert "The model reads minute as" in live.text_content()
     assert "klock" in live.text_content()  # the unknown word is announced too
     # Tab from the box reaches the first suggestion; Enter puts it in place of the unknown word.
     page.keyboard.press("Tab")
