@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
 	touch $(STAMP)
 
 # The website's JavaScript libraries (package.json, pinned by package-lock.json); the build
@@ -26,10 +26,11 @@ book: $(STAMP) $(NODE_STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The book is built. Open file://$(CURDIR)/_build/html/index.html"
 
-## test: every test: package, notebooks (strict nbval), hygiene, ruff, the book build
+## test: every test: package, notebooks (strict nbval), hygiene, ruff, the book build, on both
+## cores (pytest-xdist; conftest.py decides which tests run together on one worker)
 test: $(STAMP) $(NODE_STAMP)
 	tools/ensure_chromium.sh
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 ## lab: open the notebooks in JupyterLab
 lab: $(STAMP)

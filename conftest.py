@@ -8,6 +8,8 @@ selects ``tools/numerics/alternate.env`` instead: ``tests/test_code_paths.py`` u
 re-run the book under a deliberately different code path.
 
 It lives at the top of the repository so that it also applies to ``pytest chapters/...``.
+It also decides how ``make test`` (``pytest -n 2``) shares the tests between its two workers:
+see ``test_group`` below.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+import pytest
+
 _spec = importlib.util.spec_from_file_location(
     "book_numerics", Path(__file__).resolve().parent / "tools" / "numerics" / "environment.py"
 )
@@ -23,3 +27,68 @@ book_numerics = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(book_numerics)
 
 os.environ.update(book_numerics.numeric_environment(os.environ.get("BOOK_NUMERICS", "pinned")))
+
+
+# --------------------------------------------------------------------------------------
+# Running the test command on both cores (`make test` passes `-n 2`, pytest-xdist).
+#
+# Each group of tests goes to one worker, which runs it from start to end. A group is one
+# file: a notebook's nbval cells share its kernel, and a test file's module fixtures (a course,
+# a hub, a trained model) are built once. The files that read the built website are one group,
+# "book", so one worker builds the site, once, into `_build/`. The practice notebooks' slow
+# runs are a group each, so they spread over both workers. The slowest groups start first,
+# so that no worker is left alone with a long one at the end.
+
+_BOOK_FILES = ("tests/test_book_build.py", "tests/test_browser.py",
+               "tests/test_browser_minute_demo.py", "tests/test_practice_links.py")
+_ONE_GROUP_EACH = ("tests/test_practice.py::test_practice_notebook_runs_and_blank_exercises",)
+_SLOWEST_FIRST = (  # measured with --durations: each takes 1.5 to 5 minutes
+    "book",
+    "tests/test_code_paths.py",
+    "tests/test_classroom_scenario.py",
+    "tests/test_jupyterhub.py",
+    "tests/test_assignments.py",
+)
+
+
+def test_group(nodeid: str) -> str:
+    """The group of a test: what one xdist worker runs from start to end."""
+    file = nodeid.split("::", 1)[0]
+    if file in _BOOK_FILES:
+        return "book"
+    if nodeid.startswith(_ONE_GROUP_EACH):
+        return nodeid
+    return file
+
+
+test_group.__test__ = False  # a helper, not a test
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    strays = sorted({item.nodeid.split("::", 1)[0] for item in items
+                     if "built_book" in getattr(item, "fixturenames", ())} - set(_BOOK_FILES))
+    if strays:
+        raise pytest.UsageError(f"{strays} read the built book: add them to _BOOK_FILES in "
+                                "conftest.py, so that one xdist worker builds it")
+
+    def rank(item) -> int:
+        group = test_group(item.nodeid)
+        return _SLOWEST_FIRST.index(group) if group in _SLOWEST_FIRST else len(_SLOWEST_FIRST)
+
+    items.sort(key=rank)  # stable: inside a group, and among the rest, the order is kept
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Whatever --dist says, xdist sends whole groups (:func:`test_group`), in our order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    if config.getvalue("dist") == "each":
+        return None
+    config.option.loadscopereorder = False  # keep the slowest-first order of the collection
+    return GroupScheduling(config, log)
