@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
 # The website's JavaScript libraries (package.json, pinned by package-lock.json); the build
