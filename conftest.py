@@ -51,9 +51,13 @@ _SLOWEST_FIRST = (  # measured with --durations: each takes 1.5 to 5 minutes
 )
 
 
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def test_group(nodeid: str) -> str:
     """The group of a test: what one xdist worker runs from start to end."""
-    file = nodeid.split("::", 1)[0]
+    file = _file(nodeid)
     if file in _BOOK_FILES:
         return "book"
     if nodeid.startswith(_ONE_GROUP_EACH):
@@ -66,7 +70,7 @@ test_group.__test__ = False  # a helper, not a test
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    strays = sorted({item.nodeid.split("::", 1)[0] for item in items
+    strays = sorted({_file(item.nodeid) for item in items
                      if "built_book" in getattr(item, "fixturenames", ())} - set(_BOOK_FILES))
     if strays:
         raise pytest.UsageError(f"{strays} read the built book: add them to _BOOK_FILES in "

@@ -9,6 +9,9 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("book_root_conftest", ROOT / "conftest.py")
@@ -28,11 +31,11 @@ def test_a_notebooks_cells_stay_together():
         assert {test_group(f"{name}::Cell {i}") for i in range(40)} == {name}
 
 
-def test_every_file_that_reads_the_built_site_is_one_group():
-    readers = sorted(f"tests/{path.name}" for path in (ROOT / "tests").glob("test_*.py")
-                     if re.search(r"\bdef \w+\([^)]*\b(built_book|site)\b", path.read_text()))
-    assert readers, "no test reads the built site"
-    assert {test_group(f"{file}::test_x") for file in readers} == {"book"}
+def test_the_book_files_are_one_group_and_a_new_reader_stops_collection():
+    assert {test_group(f"{file}::test_x") for file in _conftest._BOOK_FILES} == {"book"}
+    reader = SimpleNamespace(nodeid="tests/test_new_page.py::test_x", fixturenames=["built_book"])
+    with pytest.raises(pytest.UsageError, match="test_new_page.py"):
+        _conftest.pytest_collection_modifyitems(None, [reader])
 
 
 def test_other_files_are_a_group_each_and_practice_runs_spread():
