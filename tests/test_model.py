@@ -1,4 +1,4 @@
-"""The Transformer block and TinyGPT of chapter 14: shapes, causality, the cache, the parameter count."""
+"""The Transformer block and TinyGPT of chapter 15: shapes, causality, the cache, the parameter count."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chapter 14's repeated-segment task: the batches, the loss, the accuracy and the training loop."""
+"""Chapter 15's repeated-segment task: the batches, the loss, the accuracy and the training loop."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ inside attention (``rotary_embedding``, ``alibi_bias``) in chapter 12; sliding
 windows, attention sinks (``sliding_window_mask``, ``softmax_with_sink``), masks
 as rules (``mods``) and multi-head latent attention (``MultiHeadLatentAttention``)
 in chapter 13; each chapter ends by asserting that this package equals the code it wrote.
-Chapter 14 puts the layers inside a model (``TransformerBlock``, ``TinyGPT``) and measures
+Chapter 15 puts the layers inside a model (``TransformerBlock``, ``TinyGPT``) and measures
 what its heads do (``previous_token_scores``, ``induction_scores``, ``find_heads``,
 ``ablate_heads``).
 """

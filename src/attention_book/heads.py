@@ -51,7 +51,7 @@ def head_name(layer: int, head: int) -> str:
     Returns:
         The name, a string.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     return f"L{layer}H{head}"
 
@@ -102,7 +102,7 @@ def induction_targets(tokens: torch.Tensor) -> torch.Tensor:
     Returns:
         The boolean target mask.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     tokens = _check_tokens(tokens)
     num_tokens = tokens.size(1)
@@ -131,7 +131,7 @@ def previous_token_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tenso
     Returns:
         A float tensor of scores in [0, 1], on the weights' device.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     return _previous_token_scores(_attention_weights(model, _check_tokens(tokens)))
 
@@ -147,7 +147,7 @@ def induction_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
     For every query whose token occurred before (see :func:`induction_targets`), the weight on
     all its targets is summed; the score is the mean of those sums over the queries and the
-    sequences. An induction head scores near 1. Use sequences that repeat (as in chapter 14,
+    sequences. An induction head scores near 1. Use sequences that repeat (as in chapter 15,
     a random segment that occurs twice), or nothing is there to find.
 
     Args:
@@ -161,7 +161,7 @@ def induction_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     Returns:
         A float tensor of scores in [0, 1], on the weights' device.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     targets = induction_targets(tokens)  # (B, T, T)
     return _induction_scores(_attention_weights(model, tokens), targets)
@@ -200,7 +200,7 @@ def ablate_heads(model: nn.Module, heads: Iterable[tuple[int, int] | str]) -> It
     Returns:
         A context manager that yields the model.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     by_layer: dict[int, list[int]] = {}
     for head in heads:
@@ -247,7 +247,7 @@ class HeadReport:
         induction: :func:`induction_scores`, ``(num_layers, num_heads)``.
         threshold: the score from which a head is given a role.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
 
     previous_token: torch.Tensor
@@ -314,7 +314,7 @@ def find_heads(model: nn.Module, tokens: torch.Tensor, threshold: float = 0.5) -
     Returns:
         A :class:`HeadReport`; ``str(report)`` is the table.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not (
         0 < threshold <= 1
@@ -365,7 +365,7 @@ def hand_built_induction_model(
     Returns:
         The model, in eval mode.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     for name, value in (("vocab_size", vocab_size), ("context_length", context_length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 2:

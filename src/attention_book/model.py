@@ -49,7 +49,7 @@ class TransformerBlock(nn.Module):
         ``forward(x, mask=None, return_weights=False, *, kv_cache=None)`` returns the new
         residual stream, or ``(stream, attention weights)`` with ``return_weights=True``.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
 
     def __init__(
@@ -134,7 +134,7 @@ class TinyGPT(nn.Module):
         ``return_weights=True``; ``generate(idx, max_new_tokens)`` returns
         ``(B, T + max_new_tokens)`` token ids.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
 
     def __init__(
@@ -284,7 +284,7 @@ def gpt_parameter_count(
         ``2 V d + T d + L (12 d^2 + 10 d) + 2 d``, or with ``4 d^2 + 3 d`` per block when
         ``attention_only``; an int.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                         ("num_layers", num_layers), ("context_length", context_length)):

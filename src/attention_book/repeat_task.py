@@ -1,4 +1,4 @@
-"""Chapter 14's task: random tokens in which a random segment occurs twice; copy the repeat.
+"""Chapter 15's task: random tokens in which a random segment occurs twice; copy the repeat.
 
 Each sequence is ``seq_len`` random tokens. A segment of ``segment_len`` of them is written a
 second time further on, ``offset`` tokens after its first start. A model can predict the
@@ -8,7 +8,7 @@ predictions alone (``loss_mask``); everything else is noise that no model can pr
 
 With a random ``offset`` and a random start the copy can be anywhere, so position alone does
 not help. With a fixed ``offset`` a single head that always looks ``offset - 1`` tokens back
-solves the task without an induction head (chapter 14's control run).
+solves the task without an induction head (chapter 15's control run).
 
 This module imports the model and the head scores; nothing imports it but the chapter.
 """
@@ -43,7 +43,7 @@ class RepeatedSegments:
         first_start: ``(B,)`` where the segment first starts.
         second_start: ``(B,)`` where its copy starts, ``first_start + offset``.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
 
     tokens: torch.Tensor
@@ -96,7 +96,7 @@ def repeated_segments(
     Returns:
         A :class:`RepeatedSegments`.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     for name, value, low in (("batch_size", batch_size, 1), ("segment_len", segment_len, 2),
                              ("vocab_size", vocab_size, 2), ("seq_len", seq_len, 1)):
@@ -141,7 +141,7 @@ def repeat_loss(logits: torch.Tensor, batch: RepeatedSegments) -> torch.Tensor:
     Returns:
         The mean cross-entropy over the masked positions.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     predictions = logits[:, :-1][batch.loss_mask[:, :-1]]  # (N, vocab_size)
     targets = batch.tokens[:, 1:][batch.loss_mask[:, :-1]]  # (N,)
@@ -162,7 +162,7 @@ def induction_accuracy(model: nn.Module, batch: RepeatedSegments) -> float:
     Returns:
         The accuracy, a float in [0, 1]; chance is ``1 / vocab_size``.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     was_training = model.training
     model.eval()
@@ -224,7 +224,7 @@ def train_on_repeats(
         ``"accuracy"``, ``"previous_token"`` and ``"induction"`` (``(num_layers, num_heads)``
         tensors).
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     _check_int("steps", steps, 1)
     _check_int("record_every", record_every, 1)

@@ -1,4 +1,4 @@
-"""Chapter 14's checkers accept right answers and explain typical wrong ones."""
+"""Chapter 15's checkers accept right answers and explain typical wrong ones."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkers for chapter 14's exercises (attention inside a model)."""
+"""Checkers for chapter 15's exercises (attention inside a model)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def check_block_parameter_count(fn) -> None:
     The answer is ``(4 + 2 r) d^2 + (6 + r) d``, plus ``3 d`` with a bias on the query, key and
     value projections; the checker counts real blocks.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     hint = ("add up, for d = d_model and r = mlp_ratio: two LayerNorms (a weight and a bias of "
             "d each), the query, key and value projections (d x d each, plus a bias of d each "
@@ -85,7 +85,7 @@ def check_breaking_heads(fn) -> None:
     The checker zeroes each of the four heads of ``hand_built_induction_model()`` in turn and
     measures how often the second copy of a repeated sequence is predicted.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     hint = ("a head matters when something downstream reads what it writes: follow the "
             "previous-token block from the head that fills it to the head whose key reads it, "
@@ -140,7 +140,7 @@ class _PartsOnly(TransformerBlock):
 def check_block_forward(fn) -> None:
     """Check ``fn(block, x)`` computes a pre-LayerNorm block from its parts.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     hint = ("the stream x itself is never normalised: each branch reads a LayerNorm-ed copy, "
             "x = x + attention(attention_norm(x)), then x = x + mlp(mlp_norm(x))")
@@ -237,7 +237,7 @@ def check_is_causal(fn) -> None:
     It is run on two healthy models and four broken ones, each with ``vocab_size`` and
     ``context_length`` attributes and ``model(tokens) -> logits``.
 
-    Taught in chapter 14.
+    Taught in chapter 15.
     """
     hint = ("for every position p, change the token at p (e.g. to (token + 1) % vocab_size) "
             "and require the logits at positions 0 … p - 1 to stay the same; compare with "
