@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attention_book.exercises import ch04, ch05, ch06
+from checker_asserts import unwritten
 
 # ---------------------------------------------------------------- chapter 4
 
@@ -98,44 +99,52 @@ def test_temperature_for_entropy_names_typical_mistakes(wrong, named_in_feedback
     assert named_in_feedback in capsys.readouterr().out
 
 
-_RIGHT_WEIGHTS = [[0.4011, 0.1978, 0.4011], [0.1978, 0.4011, 0.4011]]
+_RIGHT_ROWS = [[0.8756, 0.1185, 0.0059], [0.6897, 0.2537, 0.0566], [0.4321, 0.3366, 0.2313]]
+_BY_D_K = [0.5283, 0.3204, 0.1513]  # the scores divided by d_k = 4 instead of sqrt(d_k)
 
 
-def _prediction(weights, outputs=None):
-    if outputs is None:
-        outputs = (torch.tensor(weights) @ torch.tensor([1.0, 2.0, 3.0])).tolist()
-    return lambda: (weights, outputs)
-
-
-def test_predicted_attention_accepts_the_hand_computed_answer(capsys):
-    assert ch04.check_predicted_attention(_prediction(_RIGHT_WEIGHTS, [2.0, 2.2033]))
+def test_predicted_rows_accepts_the_hand_computed_answer(capsys):
+    assert ch04.check_predicted_rows(lambda: _RIGHT_ROWS)
     assert capsys.readouterr().out.startswith("Correct:")
-    assert ch04.check_predicted_attention(  # tensors, and outputs of shape (2, 1)
-        lambda: (torch.tensor(_RIGHT_WEIGHTS), torch.tensor([[2.0], [2.2033]])))
+    assert ch04.check_predicted_rows(lambda: torch.tensor(_RIGHT_ROWS))  # a tensor is fine
+
+
+def test_ex43_is_not_ex22_again():
+    """Exercise 4.3 asks for other numbers than exercise 2.2 (the recheck's N2)."""
+    from attention_book.exercises import ch02
+
+    assert ch02.check_predicted_cross_attention.__doc__ != ch04.check_predicted_rows.__doc__
+    ex22_weights = [[0.4011, 0.1978, 0.4011], [0.1978, 0.4011, 0.4011]]
+    assert not ch04.check_predicted_rows(lambda: ex22_weights + [[0.4011, 0.1978, 0.4011]])
 
 
 @pytest.mark.parametrize(
     ("wrong", "named_in_feedback"),
     [
-        (_prediction([[0.4223, 0.1554, 0.4223], [0.1554, 0.4223, 0.4223]]), "raw scores"),
-        (_prediction([[0.3837, 0.2327, 0.3837], [0.2327, 0.3837, 0.3837]]), "divided the scores by d_k"),
-        (_prediction([[0.6698, 0.3302, 0.5], [0.3302, 0.6698, 0.5]]), "columns sum to 1"),
-        (_prediction([[0.1978, 0.4011, 0.4011], [0.4011, 0.1978, 0.4011]]), "rows are swapped"),
-        (_prediction([[0.5, 0.2, 0.5], [0.2, 0.5, 0.5]]), "sums to 1"),
-        (_prediction([[0.45, 0.10, 0.45], [0.10, 0.45, 0.45]]), "only two different numbers"),
-        (_prediction(_RIGHT_WEIGHTS, [2.0, 2.4]), "Your weights are right"),
-        (_prediction(_RIGHT_WEIGHTS, [2.0]), "shape (2,)"),
-        (lambda: torch.tensor(_RIGHT_WEIGHTS), "a pair (weights, outputs)"),
-        (_prediction([0.4011, 0.1978, 0.4011]), "shape (2, 3)"),
+        ([_RIGHT_ROWS[0], _BY_D_K, _RIGHT_ROWS[2]], "You divided by d_k = 4"),
+        ([_RIGHT_ROWS[0], _RIGHT_ROWS[2], _RIGHT_ROWS[2]], "not the layer's width"),
+        ([_RIGHT_ROWS[0], _RIGHT_ROWS[1], _RIGHT_ROWS[1]], "the chapter's scale, sqrt(d_k) = 2"),
+        ([_RIGHT_ROWS[1], _RIGHT_ROWS[1], _RIGHT_ROWS[2]], "the chapter's scale, sqrt(d_k) = 2"),
+        ([_RIGHT_ROWS[0], _RIGHT_ROWS[1], _RIGHT_ROWS[0]], "raw scores"),
+        ([[0.8438, 0.1142, 0.0420], _RIGHT_ROWS[1], _RIGHT_ROWS[2]], "first entry is -1"),
+        ([[0.5, 0.2, 0.1], _RIGHT_ROWS[1], _RIGHT_ROWS[2]], "sums to 1"),
+        ([[0.80, 0.15, 0.05], _RIGHT_ROWS[1], _RIGHT_ROWS[2]], "Write out the three scores"),
+        (_RIGHT_ROWS[:2], "three rows of three numbers"),
+        ("0.87, 0.12", "three rows of three numbers"),
     ],
 )
-def test_predicted_attention_names_typical_mistakes(wrong, named_in_feedback, capsys):
-    assert not ch04.check_predicted_attention(wrong)
+def test_predicted_rows_names_typical_mistakes(wrong, named_in_feedback, capsys):
+    assert not ch04.check_predicted_rows(lambda: wrong)
     out = capsys.readouterr().out
-    assert named_in_feedback in out
+    assert named_in_feedback in out, out
     expected = [line for line in out.splitlines() if line.strip().startswith("expected:")]
     assert not any(number in line for line in expected  # the answer is never given away
-                   for number in ("0.4011", "0.1978", "2.2033"))
+                   for number in ("0.8756", "0.6897", "0.4321", "0.2537"))
+
+
+def test_predicted_rows_reports_an_unwritten_answer(capsys):
+    assert not ch04.check_predicted_rows(unwritten)
+    assert "You have not written" in capsys.readouterr().out
 
 # ---------------------------------------------------------------- chapter 5
 

@@ -9,7 +9,7 @@ import torch
 from ._feedback import call, checker, expect_true, fail, passed
 
 __all__ = ["check_unit_variance_divisor", "check_temperature_for_entropy",
-           "check_predicted_attention"]
+           "check_predicted_rows"]
 
 
 def _as_float(value: object, what: str, hint: str) -> float:
@@ -159,91 +159,87 @@ def check_temperature_for_entropy(fn) -> None:
 
 # ---------------------------------------------------------------- exercise 4.3
 
-_QUERIES = [[1.0, 0.0], [0.0, 1.0]]
-_KEYS = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
-_VALUES = [1.0, 2.0, 3.0]
+#: One head of a layer with d_model = 64 split into 16 heads, so head_dim = d_k = 4.
+_QUERY = [1.0, 1.0, 1.0, 1.0]
+_KEYS = [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0]]
+_D_K, _D_MODEL = 4, 64
 
 
-def _hand_example_weights(divisor: float, dim: int = -1) -> torch.Tensor:
-    scores = torch.tensor(_QUERIES, dtype=torch.float64) @ torch.tensor(
-        _KEYS, dtype=torch.float64).T  # (2, 3)
-    return torch.softmax(scores / divisor, dim=dim)  # (2, 3)
+def _row(divisor: float, keys: list[list[float]] | None = None) -> torch.Tensor:
+    """The weights of the exercise's one query over its three keys, scores divided by divisor."""
+    scores = torch.tensor(keys or _KEYS, dtype=torch.float64) @ torch.tensor(
+        _QUERY, dtype=torch.float64)  # (3,)
+    return torch.softmax(scores / divisor, dim=-1)  # (3,)
 
 
-def _as_tensor(value: object, shape: tuple[int, ...], what: str) -> torch.Tensor:
-    hint = (f"Return the {what} as a nested list or tensor of {shape[0]} "
-            + ("rows of 3 numbers." if len(shape) == 2 else "numbers."))
+def _as_rows(value: object) -> torch.Tensor:
+    hint = "Return a list of three rows, each a list of three weights: [[...], [...], [...]]."
     try:
         tensor = torch.as_tensor(value, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
-        fail(f"{what} are numbers", expected=f"shape {shape}", actual=type(value).__name__,
-             hint=hint)
-    if len(shape) == 1 and tensor.numel() == shape[0]:
-        tensor = tensor.flatten()
-    if tuple(tensor.shape) != shape:
-        fail(f"the {what} have shape {shape}", expected=shape, actual=tuple(tensor.shape),
-             hint=hint)
+        fail("the prediction is three rows of three numbers", expected="shape (3, 3)",
+             actual=type(value).__name__, hint=hint)
+    if tuple(tensor.shape) != (3, 3):
+        fail("the prediction is three rows of three numbers", expected=(3, 3),
+             actual=tuple(tensor.shape), hint=hint)
     return tensor
 
 
-@checker
-def check_predicted_attention(fn) -> None:
-    """Check the hand-computed weights and outputs of a 2-query, 3-key attention.
+_ROW_NAMES = ("row 0 (raw scores, no division)", "row 1 (the chapter's scale)",
+              "row 2 (divided by sqrt(d_model))")
 
-    ``Q = [[1, 0], [0, 1]]``, ``K = [[1, 0], [0, 1], [1, 1]]``, values ``(1, 2, 3)``,
-    ``d_k = 2``. The checker compares the prediction with the real computation to the
-    rounding of four decimals and names the usual slips (no scale, the scale ``1 / d_k``,
-    a softmax over the queries, outputs that do not follow from the weights) without
-    printing the right numbers.
+
+@checker
+def check_predicted_rows(fn) -> None:
+    """Check the hand-computed weights of one query over three keys at three temperatures.
+
+    The query ``(1, 1, 1, 1)`` of one head (``d_k = 4`` in a layer with ``d_model = 64``)
+    meets the keys ``(1, 1, 1, 1)``, ``(1, 1, 0, 0)`` and ``(-1, 0, 0, 0)``. Row 0 divides
+    the scores by 1, row 1 by the scale of chapter 4, row 2 by ``sqrt(d_model)``. The
+    checker compares each row with the real softmax to the rounding of four decimals and
+    names the usual slips (``d_k`` for its square root, ``d_model`` for ``d_k``, rows in
+    another order, a wrong score) without printing the right numbers.
 
     Taught in chapter 4.
     """
-    answer = call(fn, prop="predicted_attention() runs")
-    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        fail("predicted_attention() returns a pair (weights, outputs)",
-             expected="a pair (weights, outputs)", actual=type(answer).__name__,
-             hint="End the function with: return weights, outputs")
-    weights = _as_tensor(answer[0], (2, 3), "weights")
-    outputs = _as_tensor(answer[1], (2,), "outputs")
-    true_weights = _hand_example_weights(math.sqrt(2))
-    values = torch.tensor(_VALUES, dtype=torch.float64)
+    rows = _as_rows(call(fn, prop="predicted_rows() runs"))
+    divisors = (1.0, math.sqrt(_D_K), math.sqrt(_D_MODEL))
+    truth = torch.stack([_row(divisor) for divisor in divisors])  # (3, 3)
 
-    def near(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
+    def near(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-3) -> bool:
         return bool((a - b).abs().max() <= atol)
 
-    if not near(weights, true_weights, 3e-4):
+    row_sums = rows.sum(dim=-1)
+    expect_true("each row of weights sums to 1", near(row_sums, torch.ones(3), 2e-3),
+                expected="row sums 1, 1 and 1", actual=f"row sums {row_sums.tolist()}",
+                hint="Divide each exponential by the sum of the three exponentials of its row.")
+    for index, (name, divisor) in enumerate(zip(_ROW_NAMES, divisors)):
+        if near(rows[index], truth[index], 3e-4):
+            continue
         mistakes = [
-            (_hand_example_weights(1.0), "These are the weights of the raw scores. Divide each "
-                                         "score by sqrt(d_k) = sqrt(2), about 1.4142, before "
-                                         "the softmax."),
-            (_hand_example_weights(2.0), "You divided the scores by d_k = 2. The scale is "
-                                         "sqrt(d_k), about 1.4142."),
-            (_hand_example_weights(math.sqrt(2), dim=0), "Your columns sum to 1. Each row "
-                                                         "belongs to one query, so normalise "
-                                                         "over the three keys of a row."),
-            (true_weights.flip(0), "Your two rows are swapped. Row i holds the weights of "
-                                   "query i, so row 0 belongs to the query (1, 0)."),
+            (_row(float(_D_K)), f"You divided by d_k = {_D_K}. The chapter's scale is its "
+                                "square root."),
+            (_row(math.sqrt(_D_MODEL)), "These are the weights of the scores divided by "
+                                        "sqrt(d_model) = 8. d_k is the size of one head's "
+                                        "key, the number of entries in q, not the layer's "
+                                        "width."),
+            (_row(math.sqrt(_D_K)), "These are the weights with the chapter's scale, "
+                                    "sqrt(d_k) = 2. Check which divisor this row asks for."),
+            (_row(1.0), "These are the weights of the raw scores. Check which divisor this row "
+                        "asks for."),
+            (_row(divisor, [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]),
+             "The third key's score is q . k = -1: its first entry is -1."),
         ]
         for candidate, hint in mistakes:
-            if near(weights, candidate, 1e-3):
-                fail("the weights are softmax(Q K^T / sqrt(d_k)) over the keys, to 4 decimals",
-                     expected="two rows of weights, each summing to 1",
-                     actual=f"your weights {weights.tolist()}", hint=hint)
-        row_sums = weights.sum(dim=-1)
-        expect_true("each row of weights sums to 1", near(row_sums, torch.ones(2), 2e-3),
-                    expected="row sums 1 and 1", actual=f"row sums {row_sums.tolist()}",
-                    hint="Divide each exponential by the sum of the exponentials of its row.")
-        fail("the weights are softmax(Q K^T / sqrt(d_k)) over the keys, to 4 decimals",
-             expected="two rows of weights, each summing to 1",
-             actual=f"your weights {weights.tolist()}",
-             hint="Write out the two rows of scores q . k first: each holds only two different "
-                  "numbers. Divide them by sqrt(2), then exponentiate and normalise each row.")
-    if not near(outputs, true_weights @ values, 2e-3):
-        fail("the outputs are the weighted sums sum_j w_ij v_j of the values (1, 2, 3)",
-             expected="two numbers that follow from your (right) weights",
-             actual=f"your outputs {outputs.tolist()}",
-             hint="Your weights are right. Multiply each weight of a row by the value of its "
-                  "key and add the three products.")
-    passed("the weights are (0.4011, 0.1978, 0.4011) and (0.1978, 0.4011, 0.4011); the outputs "
-           "are 2.0000 and 2.2033. The key (1, 1) gets the same weight as the matching key: "
-           "its score is as large.")
+            if near(rows[index], candidate):
+                fail(f"{name} holds softmax(scores / {divisor:g}), to 4 decimals",
+                     expected="three weights that sum to 1",
+                     actual=f"your row {rows[index].tolist()}", hint=hint)
+        fail(f"{name} holds softmax(scores / {divisor:g}), to 4 decimals",
+             expected="three weights that sum to 1", actual=f"your row {rows[index].tolist()}",
+             hint="Write out the three scores q . k first (whole numbers), divide each by the "
+                  "row's divisor, then exponentiate and normalise.")
+    passed("raw scores (4, 2, -1) put 0.876 on the first key; the chapter's scale "
+           "sqrt(d_k) = 2 leaves it 0.690, and sqrt(d_model) = 8 flattens the row to 0.432, "
+           "0.337 and 0.231. Each weight ratio is e^(score gap / tau): the larger tau, the "
+           "flatter the row.")
