@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from hidden_tests import passes_hidden_tests
 from torch import nn
 
 import attention_book as ab
@@ -470,12 +471,18 @@ def test_split_merged_names_each_mistake(wrong, phrase, capsys):
 
 def _is_batch_consistent(attention_fn):
     torch.manual_seed(0)
-    x = torch.randn(3, 5, 3)  # (B, T, d_in) with B != T
-    try:
-        batched = attention_fn(x)  # (B, T, d_out)
-        return all(torch.allclose(batched[b], attention_fn(x[b]), atol=1e-6) for b in range(3))
-    except Exception:  # noqa: BLE001 - a function that fails on a batch is not consistent
-        return False
+    for shape in ((3, 5, 3), (2, 3, 4, 3)):  # one leading dim and two, B != T
+        x = torch.randn(shape)
+        try:
+            batched = attention_fn(x)  # (..., T, d_out)
+            sequences = x.reshape(-1, *shape[-2:])  # (B * G, T, d_in)
+            outputs = batched.reshape(-1, *batched.shape[-2:])  # (B * G, T, d_out)
+            if not all(torch.allclose(outputs[i], attention_fn(sequence), atol=1e-6)
+                       for i, sequence in enumerate(sequences)):
+                return False
+        except Exception:  # noqa: BLE001 - a function that fails on a batch is not consistent
+            return False
+    return True
 
 
 def test_batch_consistency_test_accepts_a_good_test(capsys):
@@ -489,7 +496,7 @@ def _equal_is_too_strict(attention_fn):
     return all(bool((attention_fn(x)[b] == attention_fn(x[b]) + 1e-3).all()) for b in range(3))
 
 
-def _square_batch(attention_fn):  # B == T hides the shape[0] scale
+def _square_batch(attention_fn):  # B == T hides the shape[0] scale (the recheck's weak test)
     torch.manual_seed(0)
     x = torch.randn(5, 5, 3)
     try:
@@ -499,10 +506,64 @@ def _square_batch(attention_fn):  # B == T hides the shape[0] scale
         return False
 
 
-def _lets_errors_escape(attention_fn):
+def _lets_errors_escape(attention_fn):  # no try/except (the recheck's weak test)
     x = torch.randn(3, 5, 3)
     return all(torch.allclose(attention_fn(x)[b], attention_fn(x[b]), atol=1e-6)
                for b in range(3))
+
+
+def _shapes_only(attention_fn):  # the recheck's weak test: only the shape of the result
+    try:
+        return tuple(attention_fn(torch.randn(3, 5, 3)).shape) == (3, 5, 2)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _one_leading_dim_only(attention_fn):  # the chapter's earlier model answer: (B, T, 3) only
+    torch.manual_seed(0)
+    batch = torch.randn(3, 5, 3)
+    try:
+        batched = attention_fn(batch)
+        return all(torch.allclose(batched[b], attention_fn(batch[b]), atol=1e-6)
+                   for b in range(3))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _first_sequence_only(attention_fn):  # compares sequence 0 of each batch, nothing else
+    torch.manual_seed(0)
+    batch, grouped = torch.randn(3, 5, 3), torch.randn(2, 3, 4, 3)
+    try:
+        return (torch.allclose(attention_fn(batch)[0], attention_fn(batch[0]), atol=1e-6)
+                and torch.allclose(attention_fn(grouped)[0, 0], attention_fn(grouped[0, 0]),
+                                   atol=1e-6))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _loose_tolerance(attention_fn):
+    torch.manual_seed(0)
+    try:
+        for shape in ((3, 5, 3), (2, 3, 4, 3)):
+            x = torch.randn(shape)
+            outputs = attention_fn(x).reshape(-1, shape[-2], 2)
+            for i, sequence in enumerate(x.reshape(-1, *shape[-2:])):
+                if not torch.allclose(outputs[i], attention_fn(sequence), atol=1e-2):
+                    return False
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _copies_of_one_sequence(attention_fn):  # a batch of three equal sequences hides most leaks
+    torch.manual_seed(0)
+    sequence = torch.randn(5, 3)
+    try:
+        batched = attention_fn(sequence.expand(3, 5, 3))
+        return all(torch.allclose(batched[b], attention_fn(sequence), atol=1e-6)
+                   for b in range(3))
+    except Exception:  # noqa: BLE001
+        return False
 
 
 @pytest.mark.parametrize(
@@ -513,6 +574,11 @@ def _lets_errors_escape(attention_fn):
         (_equal_is_too_strict, "torch.allclose"),
         (_square_batch, "differs from the number of tokens T"),
         (_lets_errors_escape, "catch the error"),
+        (_shapes_only, "flattens the batch"),
+        (_one_leading_dim_only, "(B, G, T, 3)"),
+        (_first_sequence_only, "not only the first one"),
+        (_loose_tolerance, "not 1e-2"),
+        (_copies_of_one_sequence, "flattens the batch"),
         (lambda attention_fn: None, "True or False"),
         (_not_written, "You have not written"),
     ],
@@ -529,3 +595,34 @@ def test_each_broken_function_is_right_in_shape_on_one_sequence(broken):
     """The broken functions only misbehave on a batch, so a test must use one."""
     x = torch.randn(5, 3)
     assert broken(x).shape == (5, 2)
+
+
+@pytest.mark.parametrize("broken", [ch03._first_sequence_keys, ch03._softmax_over_dim_two,
+                                    ch03._batch_statistics])
+def test_the_deeper_broken_functions_hide_from_a_shallow_look(broken):
+    """Each deeper bug is invisible to one weak test and visible to the full property."""
+    torch.manual_seed(0)
+    batch = torch.randn(3, 5, 3)
+    on_batch = broken(batch)
+    if broken is ch03._first_sequence_keys:  # right for sequence 0, wrong for sequence 1
+        assert torch.allclose(on_batch[0], broken(batch[0]), atol=1e-6)
+        assert not torch.allclose(on_batch[1], broken(batch[1]), atol=1e-6)
+    elif broken is ch03._softmax_over_dim_two:  # right with one leading dim, wrong with two
+        assert all(torch.allclose(on_batch[b], broken(batch[b]), atol=1e-6) for b in range(3))
+        grouped = torch.randn(2, 3, 5, 3)
+        assert not torch.allclose(broken(grouped)[1, 2], broken(grouped[1, 2]), atol=1e-6)
+    else:  # within 1e-2, not within 1e-6
+        assert all(torch.allclose(on_batch[b], broken(batch[b]), atol=1e-2) for b in range(3))
+        assert not all(torch.allclose(on_batch[b], broken(batch[b]), atol=1e-6)
+                       for b in range(3))
+
+
+def test_the_hidden_tests_accept_the_good_test_and_reject_every_weak_one():
+    """The grader's hidden tests of exercise 3.4 reject the weak tests the checker rejects."""
+    assert passes_hidden_tests("03_trainable_qkv.ipynb", "ch03-ex4-check",
+                               is_batch_consistent=_is_batch_consistent)
+    for weak in (_square_batch, _lets_errors_escape, _shapes_only, _one_leading_dim_only,
+                 _first_sequence_only, _loose_tolerance, _copies_of_one_sequence,
+                 lambda attention_fn: True):
+        assert not passes_hidden_tests("03_trainable_qkv.ipynb", "ch03-ex4-check",
+                                       is_batch_consistent=weak), weak

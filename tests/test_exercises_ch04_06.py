@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+from checker_asserts import unwritten
+from hidden_tests import passes_hidden_tests
 
 from attention_book.exercises import ch04, ch05, ch06
-from checker_asserts import unwritten
 
 # ---------------------------------------------------------------- chapter 4
 
@@ -291,6 +292,22 @@ def _causality_test(perturb=1.0, positions=None, same=torch.equal, upto=0, seque
     return is_causal_layer
 
 
+def _own_short_input(layer, x):
+    """Draws its own input of four tokens instead of testing the one it is given."""
+    torch.manual_seed(0)
+    return _causality_test()(layer, torch.randn(x.size(0), 4, x.size(-1)))
+
+
+def test_the_recheck_weak_causality_tests_are_each_rejected(capsys):
+    """The three weak tests the recheck review quoted for exercise 5.4 fail the checker."""
+    last_token_only = _causality_test(positions=[5])
+    tiny_change = _causality_test(perturb=1e-6, same=lambda a, b: torch.allclose(a, b))
+    sequence_0_only = _causality_test(sequences=0)
+    for weak in (last_token_only, tiny_change, sequence_0_only):
+        assert ch05.check_is_causal_layer(weak) is False
+        assert capsys.readouterr().out.startswith("Not yet.")
+
+
 @pytest.mark.parametrize(
     "right",
     [
@@ -316,6 +333,9 @@ def test_is_causal_layer_accepts_right_answers(right, capsys):
         (_causality_test(same=lambda a, b: torch.allclose(a, b, atol=1e-3)), "a weak mask"),
         (_causality_test(perturb=1e-6, same=lambda a, b: torch.allclose(a, b)),
          "by a visible amount"),
+        (_causality_test(same=lambda a, b: torch.equal(a[:, :1], b[:, :1])),  # output 0 only
+         "a leak in the middle of the sequence"),
+        (_own_short_input, "only from the fifth token on"),
         (lambda layer, x: None, "returns True or False"),
     ],
 )
@@ -514,3 +534,34 @@ def test_weights_with_dropout_accepts_right_answer(capsys):
 def test_weights_with_dropout_names_typical_mistakes(wrong, named_in_feedback, capsys):
     assert not ch06.check_weights_with_dropout(wrong)
     assert named_in_feedback in capsys.readouterr().out
+
+
+def test_the_hidden_tests_of_ex43_accept_the_prediction_and_reject_ex22s():
+    notebook, grade_id = "04_scaling.ipynb", "ch04-ex3-check"
+    assert passes_hidden_tests(notebook, grade_id, predicted_rows=lambda: _RIGHT_ROWS)
+    for wrong in ([_RIGHT_ROWS[0], _BY_D_K, _RIGHT_ROWS[2]],
+                  [_RIGHT_ROWS[0], _RIGHT_ROWS[2], _RIGHT_ROWS[1]],
+                  [[0.4011, 0.1978, 0.4011], [0.1978, 0.4011, 0.4011], [0.4011, 0.1978, 0.4011]]):
+        assert not passes_hidden_tests(notebook, grade_id, predicted_rows=lambda w=wrong: w)
+
+
+def _last_position_only(layer, x):
+    """Changes only the last token (the recheck's weak test), on an input of any length."""
+    last = x.size(-2) - 1
+    return _causality_test(positions=[last])(layer, x)
+
+
+def test_the_hidden_tests_of_ex54_reject_every_weak_test():
+    notebook, grade_id = "05_masks.ipynb", "ch05-ex4-check"
+    assert passes_hidden_tests(notebook, grade_id, is_causal_layer=_causality_test())
+    weak_tests = (
+        _last_position_only,
+        _causality_test(perturb=1e-6, same=lambda a, b: torch.allclose(a, b)),
+        _causality_test(sequences=0),
+        _causality_test(same=lambda a, b: torch.equal(a[:, :1], b[:, :1])),
+        _causality_test(same=lambda a, b: torch.allclose(a, b, atol=1e-3)),
+        _own_short_input,
+        lambda layer, x: True,
+    )
+    for weak in weak_tests:
+        assert not passes_hidden_tests(notebook, grade_id, is_causal_layer=weak), weak

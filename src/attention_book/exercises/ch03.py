@@ -256,6 +256,30 @@ def _softmax_over_first_dim(x):
     return torch.softmax(scores / math.sqrt(2), dim=0) @ (x @ W_value)
 
 
+def _first_sequence_keys(x):
+    """Every sequence of a batch is scored against the keys and values of the first one."""
+    W_query, W_key, W_value = _projections()
+    looked_at = x if x.dim() == 2 else x[:1].expand_as(x)  # (..., T, 3): sequence 0 everywhere
+    scores = (x @ W_query) @ (looked_at @ W_key).transpose(-2, -1)  # (..., T, T)
+    return torch.softmax(scores / math.sqrt(2), dim=-1) @ (looked_at @ W_value)
+
+
+def _softmax_over_dim_two(x):
+    """Written for (B, T, d_in): a single sequence gets a batch dim, the softmax runs on dim 2."""
+    if x.dim() == 2:
+        return _softmax_over_dim_two(x[None])[0]
+    W_query, W_key, W_value = _projections()
+    scores = (x @ W_query) @ (x @ W_key).transpose(-2, -1)  # (..., T, T)
+    return torch.softmax(scores / math.sqrt(2), dim=2) @ (x @ W_value)  # dim 2 is -1 for 3-D
+
+
+def _batch_statistics(x):
+    """Adds 0.1 % of the batch's mean output: a tiny leak between sequences."""
+    out = _healthy(x)  # (..., T, 2)
+    batch_mean = out if x.dim() == 2 else out.flatten(0, -3).mean(dim=0)  # (T, 2)
+    return out + 1e-3 * batch_mean
+
+
 _BROKEN = (
     (_flattens_batch,
      "Your test accepts a function that flattens the batch into one long sequence, so that "
@@ -272,6 +296,20 @@ _BROKEN = (
     (_softmax_over_first_dim,
      "Your test accepts a function whose softmax runs along dim 0, which is the batch dim on a "
      "batch. Compare the batched output of every sequence with its output alone."),
+    (_first_sequence_keys,
+     "Your test accepts a function that scores every sequence of a batch against the keys of "
+     "the first sequence, so only sequences 1, 2, ... come out wrong. Compare every sequence of "
+     "the batch with its output alone, not only the first one, and make the sequences "
+     "different from one another."),
+    (_softmax_over_dim_two,
+     "Your test accepts a function written for (B, T, d_in) batches: its softmax runs along "
+     "dim 2, which is the last dim of (B, T, T) scores but the query dim of (B, G, T, T) ones. "
+     "The property is about any number of leading dims: test a batch of shape (B, G, T, 3) "
+     "too, and compare each of its B * G sequences with its output alone."),
+    (_batch_statistics,
+     "Your test accepts a function that adds 0.1 % of the batch's mean output to every "
+     "sequence: a small leak between sequences, but a leak. Float rounding alone moves a "
+     "result by about 1e-7, so compare with a tolerance such as atol=1e-6, not 1e-2."),
 )
 
 
@@ -279,10 +317,12 @@ _BROKEN = (
 def check_batch_consistency_test(fn) -> None:
     """Check a learner's property test ``fn(attention_fn) -> bool`` against healthy and broken code.
 
-    ``fn`` must return True for two healthy self-attention functions and False for four
-    broken ones (a flattened batch, a scale read from ``shape[0]``, ``transpose(0, 1)``,
-    a softmax along dim 0), each of which runs without an error on a single ``(T, 3)``
-    sequence and treats a batch differently.
+    ``fn`` must return True for two healthy self-attention functions and False for seven
+    broken ones, each of which runs without an error on a single ``(T, 3)`` sequence and
+    treats a batch differently, at different depths: on every batch (a flattened batch,
+    ``transpose(0, 1)``, a softmax along dim 0), only when ``B != T`` (a scale read from
+    ``shape[0]``), only for the sequences after the first, only with two leading dims
+    (a softmax along dim 2), or only beyond a tolerance of 1e-3 (batch statistics).
 
     Taught in chapter 3.
     """
@@ -308,5 +348,7 @@ def check_batch_consistency_test(fn) -> None:
         expect_true("your test rejects a function that treats a batch differently from a "
                     "single sequence",
                     not bool(verdict), expected="False", actual="True", hint=hint)
-    passed("your test accepts both correct functions and rejects all four broken ones, each of "
-           "which runs on a single sequence but treats a batch differently.")
+    passed(f"your test accepts both correct functions and rejects all {len(_BROKEN)} broken ones, "
+           "each of which runs on a single sequence but treats a batch differently: on every "
+           "batch, only when B differs from T, only after the first sequence, only with two "
+           "leading dims, or only by 0.1 %.")

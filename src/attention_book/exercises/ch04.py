@@ -213,7 +213,7 @@ def check_predicted_rows(fn) -> None:
     expect_true("each row of weights sums to 1", near(row_sums, torch.ones(3), 2e-3),
                 expected="row sums 1, 1 and 1", actual=f"row sums {row_sums.tolist()}",
                 hint="Divide each exponential by the sum of the three exponentials of its row.")
-    for index, (name, divisor) in enumerate(zip(_ROW_NAMES, divisors)):
+    for index, (name, divisor) in enumerate(zip(_ROW_NAMES, divisors, strict=True)):
         if near(rows[index], truth[index], 3e-4):
             continue
         mistakes = [

@@ -269,6 +269,20 @@ def _prefix_of_three(num_tokens: int) -> torch.Tensor:
     return _causal(num_tokens) | (torch.arange(num_tokens) < 3)[None, :]  # a prefix-LM mask
 
 
+def _middle_hole(num_tokens: int) -> torch.Tensor:
+    mask = _causal(num_tokens).clone()
+    mask[2, 3] = True  # token 2 also sees token 3; the first and the last token are fine
+    return mask
+
+
+def _built_for_four(num_tokens: int) -> torch.Tensor:
+    """A causal mask made for 4 tokens and padded with True: longer inputs leak."""
+    mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool)
+    size = min(num_tokens, 4)
+    mask[:size, :size] = _causal(size)
+    return mask
+
+
 _LAYERS = [
     # (name, layer, is it causal?, hint when the learner's test gets it wrong)
     ("a correct causal layer (attention_book.CausalSelfAttention)", None, True,
@@ -298,6 +312,15 @@ _LAYERS = [
      "Your test misses a leak inside a bidirectional prefix: token 2 changes the outputs at "
      "positions 0 and 1, while the last token changes nothing earlier. Change every later "
      "position, one at a time."),
+    ("a layer in which token 2 also sees token 3 (and nothing else leaks)",
+     _layer(_middle_hole), False,
+     "Your test misses a leak in the middle of the sequence: token 3 changes the output at "
+     "position 2 only. Change every later position in turn, and compare every earlier "
+     "output, not only the first or the last."),
+    ("a layer whose causal mask was built for 4 tokens and is True beyond",
+     _layer(_built_for_four), False,
+     "Your test misses a leak that appears only from the fifth token on. Run the test on the "
+     "input you are given, with all of its positions, not on a shorter input of your own."),
     ("a layer that fills blocked scores with -10 instead of -inf", _layer(_causal, fill=-10.0),
      False,
      "Your test misses a weak mask that fills blocked scores with -10 instead of -inf, so the "
@@ -336,5 +359,5 @@ def check_is_causal_layer(fn) -> None:
         expect_true(f"your test says {'True' if causal else 'False'} for {name}",
                     verdict == causal, expected=causal, actual=verdict, hint=hint)
     passed(f"your test tells all {len(_LAYERS)} layers apart: it accepts the two causal ones and "
-           "catches a missing mask, an off-by-one, a wrap-around, a batch-dependent, a prefix and "
-           "a weak mask.")
+           "catches a missing mask, an off-by-one, a wrap-around, a batch-dependent, a prefix, a "
+           "middle, a too-short and a weak mask.")
