@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hidden_tests import passes_hidden_tests
 
 from attention_book.exercises import (
     check_attention_by_offset,
@@ -192,7 +193,13 @@ def test_the_band_contains_the_bag_of_words_level():
 # --- 9.2 the property test ------------------------------------------------------------------------
 
 
-def _order_test(*, all_pairs=True, exact=False, move_word=False, atol=1e-6):
+def _order_test(*, all_pairs=True, exact=False, move_word=False, atol=1e-6, pairs_from=None,
+                by_class=False):
+    """A property test in the learner's style; each keyword is one typical weakness.
+
+    ``pairs_from(num_tokens, word_index)`` chooses the pairs to swap (all pairs by default);
+    ``by_class`` compares the predicted classes instead of the logits.
+    """
     def is_order_blind(model, token_ids, word_index):
         num_tokens = token_ids.numel()
         lengths, where = torch.tensor([num_tokens]), torch.tensor([word_index])
@@ -201,19 +208,41 @@ def _order_test(*, all_pairs=True, exact=False, move_word=False, atol=1e-6):
             pairs = [(i, j) for i in range(num_tokens) for j in range(i + 1, num_tokens)]
             if not all_pairs:
                 pairs = pairs[:1]
+            if pairs_from is not None:
+                pairs = pairs_from(num_tokens, word_index)
             for i, j in pairs:
                 if not move_word and word_index in (i, j):
                     continue
                 swapped = token_ids.clone()
                 swapped[[i, j]] = token_ids[[j, i]]
                 logits = model(swapped[None], lengths, where)
-                same = torch.equal(logits, reference) if exact else torch.allclose(
-                    logits, reference, atol=atol)
+                if by_class:
+                    same = torch.equal(logits.argmax(-1), reference.argmax(-1))
+                elif exact:
+                    same = torch.equal(logits, reference)
+                else:
+                    same = torch.allclose(logits, reference, atol=atol)
                 if not same:
                     return False
         return True
 
     return is_order_blind
+
+
+def _neighbours(num_tokens, word_index):  # the recheck's weak test: adjacent swaps only
+    return [(i, i + 1) for i in range(num_tokens - 1)]
+
+
+def _one_side(num_tokens, word_index):  # swaps only among the words after the ambiguous one
+    return [(i, j) for i in range(word_index + 1, num_tokens) for j in range(i + 1, num_tokens)]
+
+
+def _with_the_last(num_tokens, word_index):  # swaps every word with the last one only
+    return [(i, num_tokens - 1) for i in range(num_tokens - 1)]
+
+
+def _first_with_last(num_tokens, word_index):  # one far swap: the first and the last word
+    return [(0, num_tokens - 1)]
 
 
 def test_order_blind_accepts_a_right_test(capsys):
@@ -229,6 +258,12 @@ def test_order_blind_accepts_a_tensor_verdict(capsys):
     (_order_test(all_pairs=False), ["notices that order matters", "try every pair"]),
     (_order_test(move_word=True), ["order-blind", "the ambiguous word moved"]),
     (_order_test(atol=0.5), ["notices that order matters"]),
+    (_order_test(pairs_from=_neighbours), ["notices that order matters", "across the ambiguous"]),
+    (_order_test(pairs_from=_one_side), ["notices that order matters", "try every pair"]),
+    (_order_test(pairs_from=_with_the_last), ["notices that order matters", "try every pair"]),
+    (_order_test(pairs_from=_first_with_last), ["notices that order matters", "try every pair"]),
+    (_order_test(by_class=True), ["notices that order matters"]),
+    (_order_test(atol=1e-3), ["reads the last word only very faintly", "within 1e-6"]),
     (lambda m, t, w: "yes", ["returns True or False"]),
 ])
 def test_order_blind_explains_typical_mistakes(answer, fragments, capsys):
@@ -247,7 +282,44 @@ def test_the_checker_models_are_what_their_names_say():
         "an attention classifier with positions": False,
         "a model that reads the last word": False,
         "a model that reads the word just before the ambiguous one": False,
+        "a model that reads the first word": False,
+        "a bag of words on each side of the ambiguous word": False,
+        "a model that reads the last word only very faintly": False,
     }
+
+
+def test_the_new_models_hide_from_neighbour_swaps():
+    """Two checker models change only under a swap of words that are not neighbours (N4)."""
+    from attention_book.exercises.ch09 import _models
+
+    models = dict(_models(12, 4))
+    sentence, word_index = torch.tensor([3, 3, 5, 7, 2, 9, 4]), 3
+    lengths, where = torch.tensor([7]), torch.tensor([word_index])
+    for name in ("a model that reads the first word",
+                 "a bag of words on each side of the ambiguous word"):
+        model = models[name]
+        reference = model(sentence[None], lengths, where)
+        changes = {}
+        for i in range(7):
+            for j in range(i + 1, 7):
+                if word_index in (i, j):
+                    continue
+                swapped = sentence.clone()
+                swapped[[i, j]] = sentence[[j, i]]
+                changes[i, j] = not torch.allclose(model(swapped[None], lengths, where),
+                                                   reference, atol=1e-6)
+        assert not any(changed for (i, j), changed in changes.items() if j == i + 1), name
+        assert any(changes.values()), name
+
+
+def test_the_hidden_tests_of_ex92_reject_every_weak_test():
+    notebook, grade_id = "09_training_attention.ipynb", "ch09-ex2-check"
+    assert passes_hidden_tests(notebook, grade_id, is_order_blind=_order_test())
+    for weak in (_order_test(all_pairs=False), _order_test(move_word=True),
+                 _order_test(pairs_from=_neighbours), _order_test(pairs_from=_one_side),
+                 _order_test(pairs_from=_with_the_last), _order_test(by_class=True),
+                 _order_test(atol=1e-3), _order_test(pairs_from=_first_with_last)):
+        assert not passes_hidden_tests(notebook, grade_id, is_order_blind=weak)
 
 
 # --- 9.3 attention by offset ----------------------------------------------------------------------

@@ -64,11 +64,15 @@ def check_predicted_accuracy_without_positions(fn) -> None:
 
 
 class _WatchesPosition(nn.Module):
-    """An order-blind average plus what stands at one position: order matters only there."""
+    """An order-blind average plus ``strength`` times what stands at one position.
 
-    def __init__(self, vocab_size: int, num_classes: int, position: str):
+    ``position`` is ``"last"`` (the last word), ``"before"`` (the word just before the
+    ambiguous one) or ``"first"`` (the first word); order matters only through that word.
+    """
+
+    def __init__(self, vocab_size: int, num_classes: int, position: str, strength: float = 3.0):
         super().__init__()
-        self.position = position
+        self.position, self.strength = position, strength
         self.embedding = nn.Embedding(vocab_size, 8, padding_idx=0, dtype=torch.float64)
         self.head = nn.Linear(8, num_classes, dtype=torch.float64)
 
@@ -77,8 +81,35 @@ class _WatchesPosition(nn.Module):
         real = (torch.arange(token_ids.shape[1]) < lengths[:, None]).to(x.dtype)  # (B, T)
         average = (x * real[..., None]).sum(1) / lengths[:, None]  # (B, 8)
         rows = torch.arange(token_ids.shape[0])
-        where = lengths - 1 if self.position == "last" else (word_index - 1).clamp(min=0)
-        return self.head(average + 3 * x[rows, where])  # (B, num_classes)
+        where = {"last": lengths - 1, "before": (word_index - 1).clamp(min=0),
+                 "first": torch.zeros_like(lengths)}[self.position]
+        return self.head(average + self.strength * x[rows, where])  # (B, num_classes)
+
+
+class _SidesOfWord(nn.Module):
+    """A bag of words on each side of the ambiguous word: blind to every swap within a side.
+
+    Swapping two neighbours never moves a word across the ambiguous one, so a test that tries
+    only neighbouring pairs calls this model order-blind; a swap across the word changes it.
+    """
+
+    def __init__(self, vocab_size: int, num_classes: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, 8, padding_idx=0, dtype=torch.float64)
+        self.head = nn.Linear(16, num_classes, dtype=torch.float64)
+
+    def forward(self, token_ids, lengths, word_index):
+        x = self.embedding(token_ids)  # (B, T, 8)
+        positions = torch.arange(token_ids.shape[1])  # (T,)
+        real = positions < lengths[:, None]  # (B, T)
+        before = (positions < word_index[:, None]) & real  # (B, T)
+        after = (positions > word_index[:, None]) & real  # (B, T)
+
+        def mean_over(where: torch.Tensor) -> torch.Tensor:
+            weights = where.to(x.dtype)[..., None]  # (B, T, 1)
+            return (x * weights).sum(1) / weights.sum(1).clamp(min=1)  # (B, 8)
+
+        return self.head(torch.cat([mean_over(before), mean_over(after)], dim=-1))
 
 
 def _order_blind(model: nn.Module, token_ids: torch.Tensor, word_index: int) -> bool:
@@ -116,6 +147,12 @@ def _models(vocab_size: int, num_classes: int):
             ("a model that reads the last word", _WatchesPosition(vocab_size, num_classes, "last")),
             ("a model that reads the word just before the ambiguous one",
              _WatchesPosition(vocab_size, num_classes, "before")),
+            ("a model that reads the first word", _WatchesPosition(vocab_size, num_classes,
+                                                                    "first")),
+            ("a bag of words on each side of the ambiguous word",
+             _SidesOfWord(vocab_size, num_classes)),
+            ("a model that reads the last word only very faintly",
+             _WatchesPosition(vocab_size, num_classes, "last", strength=1e-4)),
         ]
     for _, model in built:
         model.eval()
@@ -130,8 +167,11 @@ def check_is_order_blind(fn) -> None:
     ``word_index`` the position of the ambiguous word. ``fn`` returns True when swapping any
     two of the *other* words leaves the model's logits unchanged (within 1e-6), False
     otherwise. The checker runs it on order-blind models (the averaging baseline, the
-    attention classifier without positions) and on order-sensitive ones, among them models
-    that notice only some swaps and a sentence whose first two words are the same.
+    attention classifier without positions) and on order-sensitive ones whose sensitivity
+    shows at different depths: only for swaps with one position (the first word, whose
+    neighbour is the same word), only for swaps across the ambiguous word (a bag of words on
+    each side, blind to every swap of neighbours), or only in the fourth decimal of the
+    logits (a faint reading of the last word).
 
     Taught in chapter 9 (exercise 9.2).
     """
@@ -160,14 +200,20 @@ def check_is_order_blind(fn) -> None:
                           "it), or the logits were compared exactly (adding numbers in another "
                           "order changes the last bits, so compare within 1e-6).")
             if not blind and verdict:
+                hint = ("Some swaps change this model's logits, but your test did not try "
+                        "them. A swap of two equal words changes nothing, and some models "
+                        "notice only particular positions or only swaps across the ambiguous "
+                        "word, which no swap of neighbours makes: try every pair of the other "
+                        "words (a sentence has only a few).")
+                if "faintly" in name:
+                    hint = ("This model's logits move by about 1e-4 when the last word moves: "
+                            "order matters to it, a little. Compare the logits themselves "
+                            "within 1e-6, not the predicted class or a loose tolerance.")
                 fail(f"your test notices that order matters to {sentence}", expected=False,
-                     actual=True,
-                     hint="Some swaps change this model's logits, but your test did not try "
-                          "them. A swap of two equal words changes nothing, and some models "
-                          "notice only particular positions: try every pair of the other "
-                          "words (a sentence has only a few).")
+                     actual=True, hint=hint)
     passed("your test tells order-blind models from order-sensitive ones, including models that "
-           "notice only a few of the swaps.")
+           "notice only a few of the swaps, only swaps across the ambiguous word, or only a "
+           "little.")
 
 
 # --------------------------------------------------------------------------- exercise 9.3
