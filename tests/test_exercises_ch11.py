@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from checker_asserts import assert_fails, assert_passes
+from hidden_tests import passes_hidden_tests
 from torch import nn
 
 import attention_book
@@ -173,6 +174,57 @@ def leaks_all(layer, num_tokens):
     return found or None
 
 
+def leaks_from_the_end(layer, num_tokens):  # the recheck's weak test: j scanned from the end
+    layer.eval()
+    with torch.no_grad():
+        for j in reversed(range(1, num_tokens)):
+            moved = _moved(layer, num_tokens, j)
+            for i in range(j):
+                if moved[i] > 1e-6:
+                    return i, j
+    return None
+
+
+def leaks_tiny_change(layer, num_tokens):  # the recheck's weak test: token j moved by 1e-4
+    layer.eval()
+    torch.manual_seed(0)
+    x = torch.randn(1, num_tokens, layer.d_in)
+    with torch.no_grad():
+        base = layer(x)
+        for j in range(1, num_tokens):
+            changed = x.clone()
+            changed[:, j] += 1e-4
+            moved = (layer(changed) - base).abs().amax(dim=-1)[0]
+            for i in range(j):
+                if moved[i] > 1e-6:
+                    return i, j
+    return None
+
+
+def leaks_tolerance_1e3(layer, num_tokens):  # a tolerance that hides a small leak
+    layer.eval()
+    with torch.no_grad():
+        for j in range(1, num_tokens):
+            moved = _moved(layer, num_tokens, j)
+            for i in range(j):
+                if moved[i] > 1e-3:
+                    return i, j
+    return None
+
+
+def leaks_four_tokens(layer, num_tokens):  # its own input of 4 tokens, whatever num_tokens is
+    return leaks_right(layer, min(num_tokens, 4))
+
+
+def leaks_first_output_only(layer, num_tokens):  # looks only at output 0
+    layer.eval()
+    with torch.no_grad():
+        for j in range(1, num_tokens):
+            if _moved(layer, num_tokens, j)[0] > 1e-6:
+                return 0, j
+    return None
+
+
 def leaks_returns_text(layer, num_tokens):
     return "leak" if leaks_right(layer, num_tokens) else None
 
@@ -199,9 +251,24 @@ def test_leaks_right_with_tensors_in_the_pair(capsys):
     (leaks_all, "Return only the first leak"),
     (leaks_returns_text, "Return a tuple of two ints"),
     (lambda layer, num_tokens: (0, 1), "this layer cannot see the future"),
+    (leaks_from_the_end, "a leak but not the first"),
+    (leaks_tiny_change, "a leak but not the first"),
+    (leaks_tolerance_1e3, "as small as 1e-4"),
+    (leaks_four_tokens, "Your test missed a leak"),
+    (leaks_first_output_only, "a leak but not the first"),
 ])
 def test_leaks_wrong(answer, phrase, capsys):
     assert_fails(check_leaks_future, answer, capsys, phrase)
+
+
+def test_the_hidden_tests_of_ex112_reject_every_weak_test():
+    notebook, grade_id = "11_debugging.ipynb", "ch11-ex2-check"
+    assert passes_hidden_tests(notebook, grade_id, leaks_future=leaks_right)
+    for weak in (leaks_in_training_mode, leaks_including_j, leaks_loose, leaks_swapped,
+                 leaks_by_output_first, leaks_last_token_only, leaks_from_the_end,
+                 leaks_tiny_change, leaks_tolerance_1e3, leaks_four_tokens,
+                 leaks_first_output_only):
+        assert not passes_hidden_tests(notebook, grade_id, leaks_future=weak), weak
 
 
 # --- 11.3 the blog layer with two bugs (bug hunt) ---------------------------------------------

@@ -114,8 +114,10 @@ class _MaskedLayer(nn.Module):
     """A single-head layer in which query i may see key j where ``allowed[i, j]``."""
 
     def __init__(self, allowed: torch.Tensor, *, dropout: float = 0.0,
-                 zero_after_softmax: bool = False, d_in: int = 6, d_out: int = 8):
+                 zero_after_softmax: bool = False, fill: float = float("-inf"), d_in: int = 6,
+                 d_out: int = 8):
         super().__init__()
+        self.fill = fill
         self.d_in, self.context_length = d_in, allowed.size(0)
         self.zero_after_softmax = zero_after_softmax
         self.W_query = nn.Linear(d_in, d_out, bias=False)
@@ -132,7 +134,7 @@ class _MaskedLayer(nn.Module):
         if self.zero_after_softmax:
             attn_weights = torch.softmax(attn_scores, dim=-1).masked_fill(~allowed, 0.0)
         else:
-            attn_weights = torch.softmax(attn_scores.masked_fill(~allowed, float("-inf")), dim=-1)
+            attn_weights = torch.softmax(attn_scores.masked_fill(~allowed, self.fill), dim=-1)
         return self.dropout(attn_weights) @ values  # (B, T, d_out)
 
 
@@ -140,6 +142,13 @@ def _with_extra(allowed: torch.Tensor, *pairs: tuple[int, int]) -> torch.Tensor:
     allowed = allowed.clone()
     for i, j in pairs:
         allowed[i, j] = True
+    return allowed
+
+
+def _built_for_four(num_tokens: int) -> torch.Tensor:
+    """A causal mask made for 4 tokens and padded with True: from token 4 on, everything leaks."""
+    allowed = torch.ones(num_tokens, num_tokens, dtype=torch.bool)
+    allowed[:4, :4] = causal_mask(4)
     return allowed
 
 
@@ -171,6 +180,10 @@ def _property_cases(num_tokens: int):
          _seeded(lambda: _MaskedLayer(_with_extra(causal, (2, 4), (0, 5)))), (2, 4)),
         ("a layer with one hole, late in the sequence",
          _seeded(lambda: _MaskedLayer(_with_extra(causal, (3, 5)))), (3, 5)),
+        ("a layer that fills the future with -10 instead of -inf (a leak of about 1e-4)",
+         _seeded(lambda: _MaskedLayer(causal, fill=-10.0)), (0, 1)),
+        ("a layer whose mask was built for 4 tokens (longer inputs see everything)",
+         _seeded(lambda: _MaskedLayer(_built_for_four(num_tokens))), (0, 4)),
     ]
 
 
@@ -256,7 +269,8 @@ def check_leaks_future(fn) -> None:
                 fail(prop, expected="a leak (i, j)", actual=None,
                      hint="Your test missed a leak. Change every token j in turn and look at "
                           "every earlier output i < j; a leak through the softmax's normaliser "
-                          "can be small, so compare with a small tolerance such as 1e-6.")
+                          "or a finite mask can be as small as 1e-4, so compare with a small "
+                          "tolerance such as 1e-6.")
             if result[::-1] == first_leak:
                 fail(prop, expected="(i, j) with i < j", actual=result,
                      hint="Return (i, j) in this order: i is the output that moved, j the token "
