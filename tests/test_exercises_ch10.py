@@ -21,23 +21,46 @@ from attention_book.exercises import (
 # --- 10.1 attention_flops with T_q != T_k --------------------------------------------------------
 
 
+def _flops(b, h, tq, tk, d, causal=False, *, top_left=False, half=False, no_diagonal=False):
+    if not causal:
+        return 4 * b * h * tq * tk * d
+    if half:
+        return 2 * b * h * tq * tk * d
+    offset = 0 if top_left else tk - tq
+    pairs = sum(min(i + offset + 1, tk) for i in range(tq))
+    return 4 * b * h * d * (pairs - (tq if no_diagonal else 0))
+
+
 def test_flops_right(capsys):
-    assert_passes(check_attention_flops, lambda b, h, tq, tk, d: 4 * b * h * tq * tk * d, capsys)
+    assert_passes(check_attention_flops, _flops, capsys)
+    assert_passes(check_attention_flops,  # the closed form, and the mask counted by the package
+                  lambda b, h, tq, tk, d, causal=False: 4 * b * h * d * (
+                      tq * (tk - tq) + tq * (tq + 1) // 2 if causal else tq * tk), capsys)
+    assert_passes(check_attention_flops, lambda b, h, tq, tk, d, causal=False: 4 * b * h * d * (
+        int(causal_mask(tq, tk).sum()) if causal else tq * tk), capsys)
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
-    (lambda b, h, tq, tk, d: 4 * b * h * tk * tk * d, "You counted a square"),
-    (lambda b, h, tq, tk, d: 4 * b * h * tq * tq * d, "You counted the queries twice"),
-    (lambda b, h, tq, tk, d: 2 * b * h * tq * tk * d, "half the answer"),
-    (lambda b, h, tq, tk, d: 4.0 * b * h * tq * tk * d, "is an int"),
-    (lambda b, h, tq, tk, d: 4 * b * h * (tq + tk) * d, "Count the two products"),
+    (lambda b, h, tq, tk, d, causal=False: 4 * b * h * tk * tk * d, "You counted a square"),
+    (lambda b, h, tq, tk, d, causal=False: 4 * b * h * tq * tq * d, "You counted the queries twice"),
+    (lambda b, h, tq, tk, d, causal=False: 2 * b * h * tq * tk * d, "half the answer"),
+    (lambda b, h, tq, tk, d, causal=False: 4.0 * b * h * tq * tk * d, "is an int"),
+    (lambda b, h, tq, tk, d, causal=False: 4 * b * h * (tq + tk) * d, "Count the two products"),
+    (lambda b, h, tq, tk, d: 4 * b * h * tq * tk * d, "unexpected keyword argument 'causal'"),
+    (lambda b, h, tq, tk, d, causal=False: _flops(b, h, tq, tk, d), "count only the (query, key)"),
+    (lambda b, h, tq, tk, d, causal=False: _flops(b, h, tq, tk, d, causal, top_left=True),
+     "aligned top-left"),
+    (lambda b, h, tq, tk, d, causal=False: _flops(b, h, tq, tk, d, causal, half=True),
+     "Half of the T_q x T_k pairs is not the count"),
+    (lambda b, h, tq, tk, d, causal=False: _flops(b, h, tq, tk, d, causal, no_diagonal=True),
+     "count the diagonal too"),
 ])
 def test_flops_wrong(answer, phrase, capsys):
     assert_fails(check_attention_flops, answer, capsys, phrase)
 
 
 def test_flops_unwritten(capsys):
-    def attention_flops(batch_size, num_heads, num_queries, num_keys, head_dim):
+    def attention_flops(batch_size, num_heads, num_queries, num_keys, head_dim, causal=False):
         raise NotImplementedError()
 
     assert_fails(check_attention_flops, attention_flops, capsys,

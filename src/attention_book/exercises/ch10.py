@@ -33,12 +33,21 @@ def _expect_int(name: str, value: object, hint: str) -> None:
 # --------------------------------------------------------------------------- 10.1 FLOPs
 
 
+def _causal_pairs(num_queries: int, num_keys: int, *, top_left: bool = False) -> int:
+    """Allowed (query, key) pairs of a causal mask of T_q queries over T_k keys."""
+    offset = 0 if top_left else num_keys - num_queries
+    return sum(min(i + offset + 1, num_keys) for i in range(num_queries))
+
+
 @checker
 def check_attention_flops(fn) -> None:
-    """Check ``fn(batch_size, num_heads, num_queries, num_keys, head_dim)`` counts attention's FLOPs.
+    """Check ``fn(batch_size, num_heads, num_queries, num_keys, head_dim, causal=False)``.
 
     Only the two matrix products count: the scores ``Q K^T`` and the weighted sum
-    ``weights V``, each ``B * H * T_q * T_k * head_dim`` multiply-adds of 2 FLOPs.
+    ``weights V``, each ``B * H * T_q * T_k * head_dim`` multiply-adds of 2 FLOPs. With
+    ``causal=True`` only the (query, key) pairs that a bottom-right causal mask allows count
+    (the new queries are the last ``T_q`` positions), as in a kernel that skips every blocked
+    score: ``T_q * (T_k - T_q) + T_q * (T_q + 1) / 2`` pairs.
 
     Args:
         fn: the learner's ``attention_flops``.
@@ -57,7 +66,7 @@ def check_attention_flops(fn) -> None:
         per_pair = batch_size * num_heads * head_dim
         expected = 4 * per_pair * num_queries * num_keys
         actual = call(fn, batch_size, num_heads, num_queries, num_keys, head_dim)
-        _expect_int(f"attention_flops{args}", actual, "Return an int (use * and **, not /).")
+        _expect_int(f"attention_flops{args}", actual, "Return an int (use * and //, not /).")
         prop = f"attention_flops{args} has the right value"
         if num_queries != num_keys and actual == 4 * per_pair * num_keys**2:
             fail(prop, expected="the FLOPs of a T_q x T_k score matrix", actual=actual,
@@ -73,8 +82,44 @@ def check_attention_flops(fn) -> None:
                  hint="Your count is half the answer. Count both products (the scores and the "
                       "weighted sum) and 2 FLOPs per multiply-add.")
         expect_true(prop, actual == expected, expected=expected, actual=actual, hint=hint)
-    passed("T_q queries against T_k keys cost 4 * B * H * T_q * T_k * head_dim FLOPs. One "
-           "decoding step (T_q = 1) is linear in the cache's length, not quadratic.")
+    causal_cases = ((1, 1, 4, 4, 2), (2, 3, 5, 12, 8), (1, 12, 1, 4096, 64), (1, 8, 256, 1024, 64),
+                    (2, 4, 9, 9, 16))
+    for batch_size, num_heads, num_queries, num_keys, head_dim in causal_cases:
+        args = f"({batch_size}, {num_heads}, {num_queries}, {num_keys}, {head_dim}, causal=True)"
+        per_pair = batch_size * num_heads * head_dim
+        expected = 4 * per_pair * _causal_pairs(num_queries, num_keys)
+        actual = call(fn, batch_size, num_heads, num_queries, num_keys, head_dim, causal=True)
+        _expect_int(f"attention_flops{args}", actual, "Return an int (use * and //, not /).")
+        prop = f"attention_flops{args} counts only the pairs the causal mask allows"
+        full = 4 * per_pair * num_queries * num_keys
+        if actual == expected:
+            continue
+        if actual == full:
+            fail(prop, expected="fewer FLOPs than without the mask", actual=actual,
+                 hint="With causal=True, count only the (query, key) pairs the mask allows: a "
+                      "kernel that skips the blocked scores does no work for them.")
+        if num_queries != num_keys and actual == 4 * per_pair * _causal_pairs(
+                num_queries, num_keys, top_left=True):
+            fail(prop, expected="the pairs of a causal mask aligned bottom-right", actual=actual,
+                 hint="Your triangle is aligned top-left: query 0 sees only key 0. While "
+                      "decoding, the new queries are the last T_q positions, so query i sees "
+                      "the keys up to T_k - T_q + i.")
+        if actual == 4 * per_pair * (_causal_pairs(num_queries, num_keys) - num_queries):
+            fail(prop, expected="one more key for every query", actual=actual,
+                 hint="A query may attend to its own position: count the diagonal too.")
+        if actual * 2 == full:
+            fail(prop, expected="more than half of the pairs", actual=actual,
+                 hint="Half of the T_q x T_k pairs is not the count: even a square mask allows "
+                      "its diagonal too. Count the keys each query sees, query by query, and add "
+                      "them up.")
+        expect_true(prop, actual == expected, expected=expected, actual=actual,
+                    hint="Query i (of T_q) stands at position T_k - T_q + i and sees the keys 0 "
+                         "... T_k - T_q + i. Add up those counts for every query, then apply the "
+                         "4 FLOPs per (query, key) pair and per feature.")
+    passed("T_q queries against T_k keys cost 4 * B * H * T_q * T_k * head_dim FLOPs; a causal "
+           "kernel that skips the blocked scores needs T_q * (T_k - T_q) + T_q * (T_q + 1) / 2 "
+           "pairs instead of T_q * T_k. One decoding step (T_q = 1) is linear in the cache's "
+           "length, not quadratic, and the mask saves it nothing.")
 
 
 # --------------------------------------------------------------------------- 10.2 prediction
