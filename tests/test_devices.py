@@ -213,11 +213,12 @@ def test_pictures_accept_weights_from_any_device_and_dtype(device, dtype):
     assert "bertviz-device-test" in html.data
 
 
+@pytest.mark.parametrize("rope", [False, True], ids=["learned positions", "rope"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_tiny_gpt_and_its_heads_follow_their_parameters(device, dtype):
+def test_tiny_gpt_and_its_heads_follow_their_parameters(device, dtype, rope):
     torch.manual_seed(0)
-    model = ab.TinyGPT(16, 16, 2, 2, 16, device=device, dtype=dtype).eval()
-    reference = ab.TinyGPT(16, 16, 2, 2, 16, dtype=torch.float64).eval()
+    model = ab.TinyGPT(16, 16, 2, 2, 16, rope=rope, device=device, dtype=dtype).eval()
+    reference = ab.TinyGPT(16, 16, 2, 2, 16, rope=rope, dtype=torch.float64).eval()
     reference.load_state_dict({k: v.double().cpu() for k, v in model.state_dict().items()})
     batch = repeated_segments(4, 16, 4, 16, generator=torch.Generator().manual_seed(0),
                               device=device)
@@ -234,6 +235,7 @@ def test_tiny_gpt_and_its_heads_follow_their_parameters(device, dtype):
         assert cached.device.type == device.type
         assert torch.equal(cached, model.generate(prompt, 6, use_cache=False))
     for scores in (ab.previous_token_scores(model, batch.tokens),
+                   ab.previous_token_scores(model, batch.tokens, at_targets=True),
                    ab.induction_scores(model, batch.tokens)):
         _same_place(scores, device, dtype)
         assert scores.shape == (2, 2)
@@ -335,10 +337,11 @@ def test_no_factory_in_the_classifier_forgets_the_device(default_device_meta, te
     assert not math.isnan(mean_attention_to(model, data["validation"], "distractor_index"))
 
 
-def test_no_factory_in_the_model_or_the_head_tools_forgets_the_device(default_device_meta):
+@pytest.mark.parametrize("rope", [False, True], ids=["learned positions", "rope"])
+def test_no_factory_in_the_model_or_the_head_tools_forgets_the_device(default_device_meta, rope):
     cpu = torch.device("cpu")
     torch.manual_seed(0)
-    model = ab.TinyGPT(16, 16, 2, 2, 16, device=cpu)
+    model = ab.TinyGPT(16, 16, 2, 2, 16, rope=rope, device=cpu)
     batch = repeated_segments(4, 16, 4, 16, offset=6, generator=torch.Generator().manual_seed(0),
                               device=cpu)
     _same_place(batch.loss_mask, cpu, torch.bool)
@@ -347,6 +350,7 @@ def test_no_factory_in_the_model_or_the_head_tools_forgets_the_device(default_de
     prompt = batch.tokens[:, :4]
     assert torch.equal(model.generate(prompt, 5), model.generate(prompt, 5, use_cache=False))
     _same_place(ab.previous_token_scores(model, batch.tokens), cpu, torch.float32)
+    _same_place(ab.previous_token_scores(model, batch.tokens, at_targets=True), cpu, torch.float32)
     _same_place(ab.induction_scores(model, batch.tokens), cpu, torch.float32)
     with ab.ablate_heads(model, [(1, 0)]):
         assert 0.0 <= induction_accuracy(model, batch) <= 1.0

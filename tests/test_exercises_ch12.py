@@ -8,17 +8,18 @@ import pytest
 import torch
 from checker_asserts import assert_fails, assert_passes, unwritten
 
-from attention_book import KVCache, causal_mask, rotary_embedding, scaled_dot_product_attention
+import attention_book as ab
+from attention_book import KVCache, rotary_embedding
 from attention_book.exercises import (
+    check_alibi_slopes,
     check_changed_scores,
     check_decodes_like_full_pass,
     check_fixed_rope,
-    check_masked_cross_attention,
     check_rope_2d,
 )
 
 
-@pytest.mark.parametrize("checker", [check_masked_cross_attention, check_changed_scores, check_rope_2d,
+@pytest.mark.parametrize("checker", [check_alibi_slopes, check_changed_scores, check_rope_2d,
                                      check_fixed_rope, check_decodes_like_full_pass])
 def test_a_blank_answer_says_it_is_not_written_yet(checker, capsys):
     assert checker(unwritten) is False
@@ -28,55 +29,79 @@ def test_a_blank_answer_says_it_is_not_written_yet(checker, capsys):
 # ----------------------------------------------------------------------------- 12.1
 
 
-def cross_attention(x, context, W_query, W_key, W_value, context_mask=None):
-    mask = None if context_mask is None else context_mask[:, None, :]
-    return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value, mask)
+def alibi_slopes(num_heads):
+    """A learner's answer, written from the prompt's rule."""
+    def geometric(count):
+        return [2.0 ** (-8 * (h + 1) / count) for h in range(count)]
+
+    lower = 1
+    while 2 * lower <= num_heads:
+        lower *= 2
+    return torch.tensor(geometric(lower) + geometric(2 * lower)[0::2][: num_heads - lower])
 
 
-def test_cross_attention_right_answer(capsys):
-    assert_passes(check_masked_cross_attention, cross_attention, capsys)
+def test_alibi_slopes_right_answer(capsys):
+    out = assert_passes(check_alibi_slopes, alibi_slopes, capsys)
+    assert "from 1 to 96" in out
+    # A list of floats is an answer too, and so is float32.
+    assert_passes(check_alibi_slopes, lambda n: alibi_slopes(n).tolist(), capsys)
+    assert_passes(check_alibi_slopes, lambda n: alibi_slopes(n).float(), capsys)
 
 
-def test_cross_attention_with_a_causal_mask(capsys):
-    def causal(x, context, W_query, W_key, W_value, context_mask=None):
-        allowed = causal_mask(x.size(-2), context.size(-2))  # (T, T_ctx)
-        if context_mask is not None:
-            allowed = allowed & context_mask[:, None, :]
-        return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value,
-                                            allowed)
-
-    assert_fails(check_masked_cross_attention, causal, capsys, "every query sees every real context token",
-                 "no causal mask")
+def test_alibi_slopes_match_the_package_and_the_paper_for_every_head_count():
+    """The checker's reference is the paper's rule: it equals ab.alibi_slopes for n = 1 ... 128."""
+    for n in range(1, 129):
+        torch.testing.assert_close(alibi_slopes(n).float(), ab.alibi_slopes(n))
+    assert [round(s, 4) for s in alibi_slopes(6).tolist()] == [0.25, 0.0625, 0.0156, 0.0039, 0.5,
+                                                                0.125]
 
 
-def test_cross_attention_ignoring_the_padding_mask(capsys):
-    def unmasked(x, context, W_query, W_key, W_value, context_mask=None):
-        return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value)
+def test_alibi_slopes_with_the_obvious_extension(capsys):
+    def geometric(n):
+        return torch.tensor([2.0 ** (-8 * (h + 1) / n) for h in range(n)])
 
-    assert_fails(check_masked_cross_attention, unmasked, capsys, "padded context tokens get zero weight",
-                 "context_mask[:, None, :]")
-
-
-def test_cross_attention_with_keys_from_x(capsys):
-    def self_attention(x, context, W_query, W_key, W_value, context_mask=None):
-        return scaled_dot_product_attention(x @ W_query, x @ W_key, x @ W_value)
-
-    assert_fails(check_masked_cross_attention, self_attention, capsys,
-                 "the shape of the weights is (2, 3, 5)", "the keys come from the context")
+    assert_fails(check_alibi_slopes, geometric, capsys, "alibi_slopes(3) equals the slopes of Press",
+                 "obvious extension, but not the paper's")
 
 
-def test_cross_attention_without_the_scale(capsys):
-    def unscaled(x, context, W_query, W_key, W_value, context_mask=None):
-        mask = None if context_mask is None else context_mask[:, None, :]
-        return scaled_dot_product_attention(x @ W_query, context @ W_key, context @ W_value, mask,
-                                            scale=1.0)
-
-    assert_fails(check_masked_cross_attention, unscaled, capsys, "the values of the weights", "1/sqrt(d_out)")
+def test_alibi_slopes_sorted(capsys):
+    assert_fails(check_alibi_slopes, lambda n: alibi_slopes(n).sort(descending=True).values,
+                 capsys, "alibi_slopes(3)", "the wrong order")
 
 
-def test_cross_attention_returning_only_the_output(capsys):
-    assert_fails(check_masked_cross_attention, lambda *args: cross_attention(*args)[0], capsys,
-                 "returns the pair (output, weights)")
+def test_alibi_slopes_from_the_wrong_half(capsys):
+    def duplicates(num_heads):
+        lower = 2 ** (num_heads.bit_length() - 1)
+        extra = [2.0 ** (-8 * (h + 1) / (2 * lower)) for h in range(2 * lower)][1::2]
+        return torch.tensor([2.0 ** (-8 * (h + 1) / lower) for h in range(lower)]
+                            + extra[: num_heads - lower])
+
+    assert_fails(check_alibi_slopes, duplicates, capsys, "some slopes repeat")
+
+
+def test_alibi_slopes_truncating_the_next_power_of_two(capsys):
+    def truncated(num_heads):
+        upper = 1 << (num_heads - 1).bit_length()
+        return torch.tensor([2.0 ** (-8 * (h + 1) / upper) for h in range(upper)][:num_heads])
+
+    assert_fails(check_alibi_slopes, truncated, capsys, "alibi_slopes(3)",
+                 "never reach the gentle end")
+
+
+@pytest.mark.parametrize(("answer", "phrase"), [
+    (lambda n: torch.tensor([2.0 ** (-8 * h / n) for h in range(n)]), "not 2^0 = 1"),
+    (lambda n: alibi_slopes(n).flip(0), "head 0 gets the steepest slope"),
+    (lambda n: 2 * alibi_slopes(n), "a geometric sequence whose first term and ratio"),
+])
+def test_alibi_slopes_wrong_for_a_power_of_two(answer, phrase, capsys):
+    assert_fails(check_alibi_slopes, answer, capsys, "follows the rule for a power of two", phrase)
+
+
+def test_alibi_slopes_of_the_wrong_length_or_type(capsys):
+    assert_fails(check_alibi_slopes, lambda n: alibi_slopes(n)[:-1], capsys,
+                 "the shape of alibi_slopes(1) is (1,)")
+    assert_fails(check_alibi_slopes, lambda n: "slopes", capsys,
+                 "returns the slopes")
 
 
 # ----------------------------------------------------------------------------- 12.2
@@ -225,7 +250,87 @@ def decodes_like_full_pass(layer, x):
 
 def test_property_test_right_answer(capsys):
     out = assert_passes(check_decodes_like_full_pass, decodes_like_full_pass, capsys)
-    assert "catches both broken ones" in out
+    assert "catches all 5 broken ones" in out
+
+
+def test_property_test_with_a_prefill_of_two_tokens_is_right_too(capsys):
+    """The chapter's decode(): two tokens in the first call, then one per call."""
+    def prefill_two(layer, x):
+        cache = KVCache(x.size(-2))
+        with torch.no_grad():
+            steps = [layer(x[:, :2], kv_cache=cache)]
+            steps += [layer(x[:, t:t + 1], kv_cache=cache) for t in range(2, x.size(-2))]
+            return torch.allclose(torch.cat(steps, dim=-2), layer(x), atol=1e-5)
+
+    assert_passes(check_decodes_like_full_pass, prefill_two, capsys)
+
+
+def _decode_and_compare(layer, x, compare):
+    """Decode x one token per call; return compare(decoded, full) for a weak test to pick."""
+    cache = KVCache(x.size(-2))
+    with torch.no_grad():
+        full = layer(x)
+        decoded = torch.cat([layer(x[:, t:t + 1], kv_cache=cache) for t in range(x.size(-2))],
+                            dim=-2)
+    return bool(compare(decoded, full))
+
+
+def _all_close(decoded, full):
+    return torch.allclose(decoded, full, atol=1e-5)
+
+
+def first_two_tokens(layer, x):
+    return _decode_and_compare(layer, x[:, :2], _all_close)
+
+
+def first_three_tokens(layer, x):
+    return _decode_and_compare(layer, x[:, :3], _all_close)
+
+
+def first_four_tokens(layer, x):
+    return _decode_and_compare(layer, x[:, :4], _all_close)
+
+
+def last_token_only(layer, x):
+    return _decode_and_compare(layer, x, lambda d, f: _all_close(d[:, -1], f[:, -1]))
+
+
+def all_but_the_last(layer, x):
+    return _decode_and_compare(layer, x, lambda d, f: _all_close(d[:, :-1], f[:, :-1]))
+
+
+def ends_only(layer, x):
+    return _decode_and_compare(layer, x, lambda d, f: _all_close(d[:, [0, 1, -1]], f[:, [0, 1, -1]]))
+
+
+def mean_over_tokens(layer, x):
+    return _decode_and_compare(layer, x, lambda d, f: torch.allclose(d.mean(1), f.mean(1), atol=0.1))
+
+
+# The weak tests of the review (chapters-12-14.md, defect 14: tokens 0-1, tokens 0-2, the last
+# output only) and others like them: each passes every healthy layer and misses a broken one,
+# and the checker names the one it missed.
+@pytest.mark.parametrize(("weak_test", "missed"), [
+    (first_two_tokens, "wrong from token 3 on"),
+    (first_three_tokens, "wrong from token 3 on"),
+    (last_token_only, "wrong in the middle only"),
+    (first_four_tokens, "wrong at token 5 only"),
+    (all_but_the_last, "wrong at token 5 only"),
+    (ends_only, "wrong in the middle only"),
+    (mean_over_tokens, "broken layer"),
+])
+def test_weak_property_tests_are_rejected(weak_test, missed, capsys):
+    assert_fails(check_decodes_like_full_pass, weak_test, capsys,
+                 "your test catches a broken layer", missed, "a bug can show at any depth")
+
+
+def test_a_test_on_its_own_short_input_is_rejected(capsys):
+    def own_input(layer, x):
+        torch.manual_seed(0)
+        return _decode_and_compare(layer, torch.randn(1, 3, x.size(-1)),
+                                   lambda d, f: torch.allclose(d, f, atol=1e-5))
+
+    assert_fails(check_decodes_like_full_pass, own_input, capsys, "wrong from token 3 on")
 
 
 def test_property_test_that_always_passes(capsys):
@@ -245,7 +350,7 @@ def test_property_test_comparing_only_the_first_token(capsys):
             return torch.allclose(layer(x[:, :1], kv_cache=cache), layer(x)[:, :1], atol=1e-5)
 
     assert_fails(check_decodes_like_full_pass, first_only, capsys, "RotaryCacheRestartsPositions",
-                 "the first token is right")
+                 "compare the output of every token")
 
 
 def test_property_test_feeding_everything_in_one_call(capsys):

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
-from checker_asserts import assert_fails, unwritten
+from checker_asserts import assert_fails, assert_passes, unwritten
 
+from attention_book import ablate_heads, find_heads
 from attention_book.exercises import (
-    check_block_forward,
     check_block_parameter_count,
-    check_breaking_heads,
+    check_induction_score,
     check_is_causal,
+    check_is_induction_head,
+    check_mean_ablated_logits,
 )
+from attention_book.repeat_task import induction_accuracy, repeated_segments
 
 # --- block_parameter_count --------------------------------------------------------------------
 
@@ -34,6 +38,13 @@ def test_count_without_layernorms(capsys):
                  capsys, "counts the LayerNorms")
 
 
+def test_count_without_the_layernorm_biases_or_the_output_bias(capsys):
+    assert_fails(check_block_parameter_count, lambda d, r, b: count_right(d, r, b) - 2 * d,
+                 capsys, "counts both parts of each LayerNorm")
+    assert_fails(check_block_parameter_count, lambda d, r, b: count_right(d, r, b) - d,
+                 capsys, "counts the output projection's bias")
+
+
 def test_count_with_a_fixed_ratio(capsys):
     assert_fails(check_block_parameter_count, lambda d, r, b: count_right(d, 4, b), capsys,
                  "follows mlp_ratio")
@@ -51,79 +62,282 @@ def test_count_as_float_and_not_written(capsys):
                  sections=())
 
 
-# --- breaking heads -----------------------------------------------------------------------------
+# --- induction score ----------------------------------------------------------------------------
 
 
-def test_heads_right(capsys):
-    assert check_breaking_heads(lambda: {"L0H0", "L1H0"})
-    assert capsys.readouterr().out.startswith("Correct:")
-    assert check_breaking_heads(lambda: ["L1H0", "L0H0"])
+def induction_score(weights, tokens):
+    num_tokens = tokens.size(1)
+    same = tokens[:, :, None] == tokens[:, None, :]  # (B, T, T)
+    targets = torch.zeros_like(same)
+    targets[:, :, 1:] = same[:, :, :-1]  # key s follows a copy of the query's token
+    targets &= torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()
+    has_target = targets.any(dim=-1)  # (B, T)
+    return (weights * targets).sum(dim=-1)[has_target].mean().item()
 
 
-def test_heads_decoy_included(capsys):
-    assert_fails(check_breaking_heads, lambda: {"L0H0", "L0H1", "L1H0"}, capsys,
-                 "look right but write nothing", "value projection is zero")
+def test_induction_score_right(capsys):
+    assert_passes(check_induction_score, induction_score, capsys)
+    assert_passes(check_induction_score, lambda w, t: torch.tensor(induction_score(w, t)), capsys)
 
 
-def test_heads_previous_token_head_left_out(capsys):
-    assert_fails(check_breaking_heads, lambda: {"L1H0"}, capsys, "writes the previous token")
+def test_induction_score_equals_the_package_on_a_trained_like_model():
+    """The learner's definition is the package's: equal on the hand-built model's weights."""
+    from attention_book.heads import hand_built_induction_model, induction_scores
+
+    model = hand_built_induction_model(8, 16, dtype=torch.float64)
+    with torch.no_grad():
+        model.blocks[1].attention.W_query.weight.mul_(0.1)  # blur the heads: scores in (0, 1)
+    tokens = torch.randint(0, 8, (16, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, all_weights = model(tokens, return_weights=True)
+    package = induction_scores(model, tokens)
+    for layer in range(2):
+        for head in range(2):
+            assert abs(induction_score(all_weights[layer][:, head], tokens)
+                       - package[layer, head].item()) < 1e-12
 
 
-def test_heads_induction_head_left_out(capsys):
-    assert_fails(check_breaking_heads, lambda: {"L0H0"}, capsys,
-                 "exactly the heads whose ablation breaks copying", "['L0H0', 'L1H0']")
+def _targets(tokens, shift=1, strict=False, causal=True):
+    num_tokens = tokens.size(1)
+    same = tokens[:, :, None] == tokens[:, None, :]
+    targets = torch.zeros_like(same)
+    if shift:
+        targets[:, :, 1:] = same[:, :, :-1]
+    else:
+        targets = same.clone()
+        strict = True
+    if causal:
+        targets &= torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril(-1 if strict else 0)
+    return targets
 
 
-def test_heads_bad_names_and_types(capsys):
-    assert_fails(check_breaking_heads, lambda: {"layer 0"}, capsys, "is a head of the model")
-    assert_fails(check_breaking_heads, lambda: "L0H0", capsys, "a set of head names")
+def _weak_score(**options):
+    def score(weights, tokens):
+        targets = _targets(tokens, **{k: v for k, v in options.items() if k != "reduce"})
+        has = targets.any(dim=-1)
+        summed = (weights * targets).sum(dim=-1)
+        reduce = options.get("reduce", "counted")
+        if reduce == "all":
+            return summed.mean().item()
+        if reduce == "per sequence":
+            means = [summed[b][has[b]].mean() for b in range(tokens.size(0)) if has[b].any()]
+            return torch.stack(means).mean().item()
+        if reduce == "max":
+            return (weights * targets).amax(dim=-1)[has].mean().item()
+        return summed[has].mean().item()
+
+    return score
 
 
-# --- block forward ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("answer", "phrase"), [
+    (_weak_score(shift=0), "duplicate-token score"),
+    (_weak_score(strict=True), "the key s = t counts too"),
+    (_weak_score(reduce="all"), "average only over the queries that have at least one target"),
+    (_weak_score(causal=False), "a target must lie at or before the query"),
+    (_weak_score(reduce="per sequence"), "not a mean per sequence"),
+    (_weak_score(reduce="max"), "sum the weight over all of a query's targets"),
+    (lambda w, t: 0.5, "for each query t, sum its weight"),
+])
+def test_induction_score_typical_mistakes(answer, phrase, capsys):
+    assert_fails(check_induction_score, answer, capsys, "the induction score follows its definition",
+                 phrase)
 
 
-def forward_right(block, x):
-    x = x + block.attention(block.attention_norm(x))
-    return x + block.mlp(block.mlp_norm(x))
+def test_induction_score_returning_a_tensor_of_scores_or_nothing(capsys):
+    assert_fails(check_induction_score, lambda w, t: w.sum(-1), capsys, "is a number")
+    assert_fails(check_induction_score, unwritten, capsys, "You have not written", sections=())
 
 
-def forward_stream_normed(block, x):
-    x = block.attention_norm(x)
-    x = x + block.attention(x)
-    return x + block.mlp(block.mlp_norm(x))
+# --- mean ablation --------------------------------------------------------------------------------
 
 
-def forward_raw_mlp(block, x):
-    x = x + block.attention(block.attention_norm(x))
-    return x + block.mlp(x)
+def mean_ablated_logits(model, tokens, layer, head):
+    attention = model.blocks[layer].attention
+    features = slice(head * attention.head_dim, (head + 1) * attention.head_dim)
+    seen = []
+    handle = attention.out_proj.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        handle.remove()
+    mean = seen[0][..., features].mean(dim=(0, 1))  # (head_dim,)
+
+    def replace(module, inputs):
+        context = inputs[0].clone()
+        context[..., features] = mean
+        return (context,)
+
+    handle = attention.out_proj.register_forward_pre_hook(replace)
+    try:
+        with torch.no_grad():
+            return model(tokens)
+    finally:
+        handle.remove()
 
 
-def forward_post_norm(block, x):
-    x = block.attention_norm(x + block.attention(x))
-    return block.mlp_norm(x + block.mlp(x))
+def mean_ablated_through_the_bias(model, tokens, layer, head):
+    """Another right answer: fold the mean into the output projection's bias for one call."""
+    attention = model.blocks[layer].attention
+    features = slice(head * attention.head_dim, (head + 1) * attention.head_dim)
+    seen = []
+    handle = attention.out_proj.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))
+    with torch.no_grad():
+        model(tokens)
+    handle.remove()
+    mean = seen[0][..., features].mean(dim=(0, 1))
+    weight, bias = attention.out_proj.weight, attention.out_proj.bias
+    saved_weight, saved_bias = weight.detach().clone(), bias.detach().clone()
+    with torch.no_grad():
+        bias += weight[:, features] @ mean
+        weight[:, features] = 0
+        logits = model(tokens)
+        weight.copy_(saved_weight)
+        bias.copy_(saved_bias)
+    return logits
 
 
-def forward_no_residual(block, x):
-    x = block.attention(block.attention_norm(x))
-    return block.mlp(block.mlp_norm(x))
+def test_mean_ablation_right(capsys):
+    assert_passes(check_mean_ablated_logits, mean_ablated_logits, capsys)
+    assert_passes(check_mean_ablated_logits, mean_ablated_through_the_bias, capsys)
 
 
-def test_forward_right(capsys):
-    assert check_block_forward(forward_right)
-    assert capsys.readouterr().out.startswith("Correct:")
+def _ablated_with(mean_over, layer_wide=False, head_shift=0):
+    def answer(model, tokens, layer, head):
+        attention = model.blocks[layer].attention
+        head = (head + head_shift) % attention.num_heads
+        features = (slice(None) if layer_wide else
+                    slice(head * attention.head_dim, (head + 1) * attention.head_dim))
+
+        def replace(module, inputs):
+            context = inputs[0].clone()
+            context[..., features] = mean_over(context[..., features])
+            return (context,)
+
+        handle = attention.out_proj.register_forward_pre_hook(replace)
+        try:
+            with torch.no_grad():
+                return model(tokens)
+        finally:
+            handle.remove()
+
+    return answer
 
 
-def test_forward_typical_bugs(capsys):
-    assert_fails(check_block_forward, forward_stream_normed, capsys,
-                 "carries x, not attention_norm(x)")
-    assert_fails(check_block_forward, forward_raw_mlp, capsys, "MLP reads a LayerNorm-ed copy")
-    assert_fails(check_block_forward, forward_post_norm, capsys, "is pre-LayerNorm")
-    assert_fails(check_block_forward, forward_no_residual, capsys, "the values of the block")
+@pytest.mark.parametrize(("answer", "phrase"), [
+    (_ablated_with(torch.zeros_like), "you zeroed the head"),
+    (_ablated_with(lambda c: c.mean(dim=0, keepdim=True)), "not one mean per position"),
+    (_ablated_with(lambda c: c.mean()), "not one number"),
+    (_ablated_with(lambda c: c.mean(dim=(0, 1)), layer_wide=True), "replace only this head's slice"),
+    (_ablated_with(lambda c: c.mean(dim=(0, 1)), head_shift=1), "belongs to another head"),
+    (lambda model, tokens, layer, head: model(tokens), "the head is not replaced at all"),
+])
+def test_mean_ablation_typical_mistakes(answer, phrase, capsys):
+    assert_fails(check_mean_ablated_logits, answer, capsys, "mean-ablates that head", phrase)
 
 
-def test_forward_must_use_the_parts(capsys):
-    assert_fails(check_block_forward, lambda block, x: block(x), capsys,
-                 "call the block's parts")
+def test_mean_ablation_that_leaves_the_model_changed(capsys):
+    def hook_left_behind(model, tokens, layer, head):
+        attention = model.blocks[layer].attention
+        columns = torch.arange(head * attention.head_dim, (head + 1) * attention.head_dim)
+        attention.out_proj.register_forward_pre_hook(
+            lambda module, inputs: (inputs[0].index_fill(-1, columns, 0.0),))
+        with torch.no_grad():
+            return model(tokens)
+
+    def weight_left_zeroed(model, tokens, layer, head):
+        attention = model.blocks[layer].attention
+        with torch.no_grad():
+            attention.out_proj.weight[:, head * attention.head_dim:(head + 1) * attention.head_dim] = 0
+            return model(tokens)
+
+    assert_fails(check_mean_ablated_logits, hook_left_behind, capsys, "the model is left as it was",
+                 "a hook is still registered", "handle.remove()")
+    assert_fails(check_mean_ablated_logits, weight_left_zeroed, capsys, "the model is left as it was",
+                 "other logits")
+
+
+def test_mean_ablation_blank_and_shapes(capsys):
+    assert_fails(check_mean_ablated_logits, unwritten, capsys, "You have not written", sections=())
+    def first_sequence_only(model, tokens, layer, head):
+        return mean_ablated_logits(model, tokens, layer, head)[0]
+
+    assert_fails(check_mean_ablated_logits, first_sequence_only, capsys,
+                 "the shape of mean_ablated_logits")
+
+
+# --- is it an induction head? -------------------------------------------------------------------
+
+
+def is_induction_head(model, layer, head):
+    batch = repeated_segments(256, model.context_length, 8, model.vocab_size,
+                              generator=torch.Generator().manual_seed(0))
+    return bool(find_heads(model, batch.tokens).induction[layer, head] >= 0.5)
+
+
+def is_induction_head_with_own_score(model, layer, head):
+    """A right answer that uses the learner's score of exercise 15.2 and the global generator."""
+    batch = repeated_segments(128, model.context_length, 6, model.vocab_size)
+    with torch.no_grad():
+        _, all_weights = model(batch.tokens, return_weights=True)
+    return induction_score(all_weights[layer][:, head], batch.tokens) >= 0.5
+
+
+def test_is_induction_head_right(capsys):
+    assert_passes(check_is_induction_head, is_induction_head, capsys)
+    assert_passes(check_is_induction_head, is_induction_head_with_own_score, capsys)
+
+
+def at_a_fixed_offset(offset):
+    """The chapter's control probe, misused: the copy always lies `offset` tokens on."""
+    def weak(model, layer, head):
+        batch = repeated_segments(256, model.context_length, 8, model.vocab_size, offset=offset,
+                                  generator=torch.Generator().manual_seed(0))
+        return bool(find_heads(model, batch.tokens).induction[layer, head] >= 0.5)
+
+    return weak
+
+
+def bos_and_two_copies(model, layer, head):
+    """ARENA's probe: [BOS, r, r], so the offset is always len(r)."""
+    generator = torch.Generator().manual_seed(0)
+    half = (model.context_length - 1) // 2
+    segments = torch.stack([torch.randperm(model.vocab_size - 1, generator=generator)[:half] + 1
+                            for _ in range(64)])
+    tokens = torch.cat([torch.zeros(64, 1, dtype=torch.long), segments, segments], dim=1)
+    return bool(find_heads(model, tokens).induction[layer, head] >= 0.5)
+
+
+def too_strict(model, layer, head):
+    batch = repeated_segments(256, model.context_length, 8, model.vocab_size,
+                              generator=torch.Generator().manual_seed(0))
+    return bool(find_heads(model, batch.tokens).induction[layer, head] >= 0.9)
+
+
+def needed_for_copying(model, layer, head):
+    """'A head the copying needs is an induction head': ablation alone cannot say what it does."""
+    batch = repeated_segments(256, model.context_length, 8, model.vocab_size,
+                              generator=torch.Generator().manual_seed(0))
+    before = induction_accuracy(model, batch)
+    with ablate_heads(model, [(layer, head)]):
+        after = induction_accuracy(model, batch)
+    return after < before - 0.2
+
+
+@pytest.mark.parametrize(("weak_test", "phrase"), [
+    (at_a_fixed_offset(12), "looks 11 tokens back"),
+    (at_a_fixed_offset(16), "looks 15 tokens back"),
+    (bos_and_two_copies, "looks 14 tokens back"),
+    (too_strict, "accepts a blurrier induction head"),
+    (needed_for_copying, "rejects the previous-token head L0H0"),
+])
+def test_is_induction_head_weak_tests_are_rejected(weak_test, phrase, capsys):
+    assert_fails(check_is_induction_head, weak_test, capsys, phrase)
+
+
+def test_is_induction_head_blank_or_not_a_bool(capsys):
+    assert_fails(check_is_induction_head, unwritten, capsys, "You have not written", sections=())
+    assert_fails(check_is_induction_head, lambda model, layer, head: 0.7, capsys, "returns True or False")
 
 
 # --- is_causal ----------------------------------------------------------------------------------
@@ -158,9 +372,58 @@ def is_causal_compares_everything(model):
         return bool(torch.allclose(model(changed), model(tokens)))
 
 
+def is_causal_by_prefixes(model):
+    """Another right answer: a prefix's logits equal the full sequence's on that prefix."""
+    tokens = torch.randint(0, model.vocab_size, (2, model.context_length),
+                           generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(tokens)
+        return all(torch.allclose(model(tokens[:, :p]), full[:, :p])
+                   for p in range(1, model.context_length + 1))
+
+
 def test_is_causal_right(capsys):
     assert check_is_causal(is_causal_right)
     assert capsys.readouterr().out.startswith("Correct:")
+    assert_passes(check_is_causal, is_causal_by_prefixes, capsys)
+
+
+def _changes(positions_of, compare_at):
+    """A weak causality test: change the tokens that positions_of(T) picks, compare some positions."""
+    def weak(model):
+        tokens = torch.randint(0, model.vocab_size, (2, model.context_length),
+                               generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            reference = model(tokens)
+            for position in positions_of(model.context_length):
+                changed = tokens.clone()
+                changed[:, position] = (changed[:, position] + 1) % model.vocab_size
+                earlier = compare_at(position)
+                if not torch.allclose(model(changed)[:, earlier], reference[:, earlier]):
+                    return False
+        return True
+
+    return weak
+
+
+@pytest.mark.parametrize(("weak_test", "missed"), [
+    (_changes(lambda T: [T // 2], lambda p: slice(0, p)), "position 0 reads token 3"),
+    (_changes(lambda T: range(T - 1), lambda p: slice(0, p)), "the second-to-last position"),
+    (_changes(lambda T: range(T), lambda p: slice(0, min(p, 1))), "the second-to-last position"),
+    (_changes(lambda T: range(T), lambda p: slice(max(p - 1, 0), p)), "position 0 reads token 3"),
+    (_changes(lambda T: [T - 1], lambda p: slice(0, p)), "position 0 reads token 3"),
+])
+def test_is_causal_weak_tests_are_rejected(weak_test, missed, capsys):
+    assert_fails(check_is_causal, weak_test, capsys, "rejects a model with", missed)
+
+
+def test_is_causal_on_its_own_short_input_is_rejected(capsys):
+    def short(model):
+        tokens = torch.randint(0, model.vocab_size, (2, 3), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            return torch.allclose(model(tokens[:, :2]), model(tokens)[:, :2])
+
+    assert_fails(check_is_causal, short, capsys, "rejects a model with")
 
 
 def test_is_causal_that_changes_only_the_last_token_misses_a_leak(capsys):
@@ -183,6 +446,7 @@ def test_checkers_leave_the_global_random_state_alone():
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    check_block_forward(forward_right)
+    check_mean_ablated_logits(mean_ablated_logits)
+    check_is_induction_head(is_induction_head_with_own_score)
     check_is_causal(is_causal_right)
     assert torch.equal(torch.rand(3), expected)

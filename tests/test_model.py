@@ -1,4 +1,7 @@
-"""The Transformer block and TinyGPT of chapter 15: shapes, causality, the cache, the parameter count."""
+"""The Transformer block and TinyGPT of chapter 15: shapes, causality, the cache, the parameter count.
+
+Every property is checked with learned positions and with rotary positions (``rope=True``).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +12,12 @@ import attention_book as ab
 from attention_book.model import TinyGPT, TransformerBlock, gpt_parameter_count
 
 
-def _model(attention_only: bool = False, **overrides) -> TinyGPT:
+def _model(attention_only: bool = False, rope: bool = False, **overrides) -> TinyGPT:
     sizes = {"vocab_size": 11, "d_model": 16, "num_heads": 4, "num_layers": 2,
              "context_length": 12}
     sizes.update(overrides)
     torch.manual_seed(0)
-    return TinyGPT(**sizes, attention_only=attention_only, dtype=torch.float64).eval()
+    return TinyGPT(**sizes, attention_only=attention_only, rope=rope, dtype=torch.float64).eval()
 
 
 def _tokens(batch: int, length: int, vocab_size: int = 11, seed: int = 1) -> torch.Tensor:
@@ -79,9 +82,10 @@ def test_block_rejects_bad_sizes(kwargs, error, match):
 # --------------------------------------------------------------------------- the model
 
 
+@pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("attention_only", [False, True])
-def test_logits_and_weights_have_the_promised_shapes(attention_only):
-    model = _model(attention_only)
+def test_logits_and_weights_have_the_promised_shapes(attention_only, rope):
+    model = _model(attention_only, rope)
     tokens = _tokens(3, 9)
     logits, all_weights = model(tokens, return_weights=True)
     assert logits.shape == (3, 9, 11) and logits.dtype == torch.float64
@@ -92,10 +96,11 @@ def test_logits_and_weights_have_the_promised_shapes(attention_only):
     torch.testing.assert_close(model(tokens), logits)
 
 
+@pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("attention_only", [False, True])
 @pytest.mark.parametrize("position", [0, 4, 10])
-def test_changing_a_future_token_leaves_earlier_logits_unchanged(attention_only, position):
-    model = _model(attention_only)
+def test_changing_a_future_token_leaves_earlier_logits_unchanged(attention_only, rope, position):
+    model = _model(attention_only, rope)
     tokens = _tokens(2, 12)
     changed = tokens.clone()
     changed[:, position] = (changed[:, position] + 1) % 11
@@ -117,9 +122,10 @@ def test_the_causality_test_above_can_fail():
         assert not torch.allclose(model(changed)[:, 0], model(tokens)[:, 0])
 
 
+@pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("attention_only", [False, True])
-def test_cached_and_uncached_generation_give_the_same_tokens(attention_only):
-    model = _model(attention_only)
+def test_cached_and_uncached_generation_give_the_same_tokens(attention_only, rope):
+    model = _model(attention_only, rope)
     prompt = _tokens(3, 4)
     cached = model.generate(prompt, 8, use_cache=True)
     recomputed = model.generate(prompt, 8, use_cache=False)
@@ -139,6 +145,55 @@ def test_generation_with_the_cache_uses_the_right_positions():
         model.position_embedding.weight.mul_(5)
     prompt = _tokens(4, 3, seed=7)
     assert torch.equal(model.generate(prompt, 9), model.generate(prompt, 9, use_cache=False))
+
+
+def test_a_rope_model_has_no_position_table_and_rotates_in_every_layer():
+    model = _model(rope=True, rope_base=500.0)
+    assert model.rope and model.position_embedding is None
+    assert "position_embedding" not in dict(model.named_parameters())
+    for block in model.blocks:
+        assert block.attention.rope and block.attention.rope_base == 500.0
+    # The block's forward is the chapter's: x + attn(ln(x)), then x + mlp(ln(x)), with RoPE.
+    x = torch.randn(2, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    block = model.blocks[0]
+    with torch.no_grad():
+        after_attention = x + block.attention(block.attention_norm(x))
+        expected = after_attention + block.mlp(block.mlp_norm(after_attention))
+        torch.testing.assert_close(block(x), expected)
+
+
+def test_generation_of_a_rope_model_continues_the_positions_from_the_cache():
+    """A cache that restarted the rotary positions would give other tokens: this model sees it."""
+    model = _model(rope=True)
+    prompt = _tokens(4, 3, seed=7)
+    cached = model.generate(prompt, 9)
+    assert torch.equal(cached, model.generate(prompt, 9, use_cache=False))
+    for block in model.blocks:  # the bug of chapter 12: positions that restart at 0
+        block.attention._rope_positions = (
+            lambda num_tokens, kv_cache, device: torch.arange(num_tokens, device=device))
+    assert not torch.equal(model.generate(prompt, 9), cached)
+    assert torch.equal(model.generate(prompt, 9, use_cache=False), cached)
+
+
+def test_a_rope_block_decodes_with_a_kv_cache_like_the_full_pass():
+    torch.manual_seed(0)
+    block = TransformerBlock(16, 2, context_length=8, rope=True).eval()
+    x = torch.randn(2, 7, 16)  # (B, T, d_model)
+    cache = ab.KVCache(8)
+    with torch.no_grad():
+        full = block(x)  # (B, T, d_model)
+        steps = [block(x[:, :2], kv_cache=cache)] + [
+            block(x[:, t:t + 1], kv_cache=cache) for t in range(2, 7)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_rope_options_are_checked():
+    with pytest.raises(TypeError, match="rope must be a bool, got int"):
+        TinyGPT(11, 16, 4, 2, 12, rope=1)
+    with pytest.raises(ValueError, match=r"head_dim = d_out // num_heads = 12 // 4 = 3 must be even"):
+        TinyGPT(11, 12, 4, 2, 12, rope=True)
+    with pytest.raises(ValueError, match="base must be a positive number"):
+        TransformerBlock(16, 2, 8, rope=True, rope_base=-1.0)
 
 
 def test_generate_restores_training_mode_and_rejects_bad_lengths():
@@ -164,19 +219,21 @@ def test_model_rejects_bad_token_ids(tokens, error, match):
         _model()(tokens)
 
 
+@pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("attention_only", [False, True])
 @pytest.mark.parametrize(("vocab_size", "d_model", "num_layers", "context_length"),
                          [(11, 16, 2, 12), (32, 32, 2, 32), (5, 8, 3, 7), (100, 24, 1, 64)])
-def test_parameter_count_formula_matches_the_module(attention_only, vocab_size, d_model,
+def test_parameter_count_formula_matches_the_module(attention_only, rope, vocab_size, d_model,
                                                     num_layers, context_length):
     model = TinyGPT(vocab_size, d_model, 4, num_layers, context_length,
-                    attention_only=attention_only, device="meta")
+                    attention_only=attention_only, rope=rope, device="meta")
     counted = sum(p.numel() for p in model.parameters())
     assert gpt_parameter_count(vocab_size, d_model, num_layers, context_length,
-                               attention_only=attention_only) == counted
+                               attention_only=attention_only, rope=rope) == counted
     d = d_model
     per_block = 4 * d * d + 3 * d if attention_only else 12 * d * d + 10 * d
-    assert counted == 2 * vocab_size * d + context_length * d + num_layers * per_block + 2 * d
+    positions = 0 if rope else context_length * d
+    assert counted == 2 * vocab_size * d + positions + num_layers * per_block + 2 * d
 
 
 def test_parameter_count_rejects_bad_sizes():

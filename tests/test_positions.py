@@ -216,6 +216,27 @@ def test_alibi_slopes_follow_the_paper():
     assert alibi_slopes(6).tolist() == [2.0 ** -k for k in (2, 4, 6, 8, 1, 3)]
 
 
+def _paper_get_slopes(n):
+    """Press et al.'s reference get_slopes (github.com/ofirpress/attention_with_linear_biases)."""
+    def power_of_two(n):
+        start = 2 ** (-2 ** -(math.log2(n) - 3))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return power_of_two(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_two(closest) + _paper_get_slopes(2 * closest)[0::2][: n - closest]
+
+
+@pytest.mark.parametrize("num_heads", range(1, 129))
+def test_alibi_slopes_equal_the_papers_code_and_never_repeat(num_heads):
+    slopes = alibi_slopes(num_heads)
+    torch.testing.assert_close(slopes, torch.tensor(_paper_get_slopes(num_heads)))
+    assert len(set(slopes.tolist())) == num_heads  # the docstring: no two heads share a slope
+    if num_heads & (num_heads - 1) == 0:  # a power of two: largest first
+        assert torch.equal(slopes, slopes.sort(descending=True).values)
+
+
 def test_alibi_bias_is_minus_slope_times_distance():
     bias = alibi_bias(4, 5)
     assert bias.shape == (4, 5, 5) and bias.dtype == torch.float32

@@ -113,17 +113,27 @@ def induction_targets(tokens: torch.Tensor) -> torch.Tensor:
     return targets & below  # (B, T, T): only keys s <= t, so copies j < t
 
 
-def previous_token_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+def previous_token_scores(
+    model: nn.Module, tokens: torch.Tensor, *, at_targets: bool = False
+) -> torch.Tensor:
     """Each head's mean attention weight on the previous token.
 
-    The mean runs over every sequence and every query position ``t >= 1`` of the weight
-    from ``t`` to ``t - 1``. A head that always looks one token back scores 1; a head that
-    spreads its weight evenly over ``t + 1`` tokens scores about ``1 / (t + 1)``.
+    By default the mean runs over every sequence and every query position ``t >= 1`` of the
+    weight from ``t`` to ``t - 1``. A head that always looks one token back scores 1; a head
+    that spreads its weight evenly over ``t + 1`` tokens scores about ``1 / (t + 1)``.
+
+    With ``at_targets=True`` the mean runs only over the positions ``s`` that are an
+    induction target of some later query (see :func:`induction_targets`): the keys whose
+    "token before me" an induction head reads, the only places where an induction circuit
+    needs its previous-token head. A head that does that job but idles elsewhere (at
+    positions the training data rarely fills, say) scores high here and lower on average.
 
     Args:
         model: a language model whose ``model(tokens, return_weights=True)`` returns
             ``(logits, [weights of each layer])``, such as :class:`TinyGPT`.
-        tokens: integer token ids to run it on.
+        tokens: integer token ids to run it on; with ``at_targets=True`` at least one token
+            must repeat.
+        at_targets: average only over the keys that an induction head would read.
 
     Shapes:
         tokens ``(B, T)`` -> ``(num_layers, num_heads)``.
@@ -133,13 +143,34 @@ def previous_token_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tenso
 
     Taught in chapter 15.
     """
-    return _previous_token_scores(_attention_weights(model, _check_tokens(tokens)))
+    tokens = _check_tokens(tokens)
+    if not isinstance(at_targets, bool):
+        raise TypeError(f"at_targets must be a bool, got {type(at_targets).__name__}")
+    keys = _target_keys(induction_targets(tokens)) if at_targets else None
+    return _previous_token_scores(_attention_weights(model, tokens), keys)
 
 
-def _previous_token_scores(weights: torch.Tensor) -> torch.Tensor:
-    """``previous_token_scores`` from weights ``(L, B, H, T, T)`` -> ``(L, H)``."""
-    previous = weights.diagonal(offset=-1, dim1=-2, dim2=-1)  # (L, B, H, T - 1)
-    return previous.mean(dim=(1, 3))  # (L, H)
+def _target_keys(targets: torch.Tensor) -> torch.Tensor:
+    """The positions that some query targets, from targets ``(B, T, T)`` -> ``(B, T)``."""
+    keys = targets.any(dim=1)  # (B, T)
+    if not bool(keys.any()):
+        raise ValueError(
+            f"no token of the {tuple(targets.shape[:2])} tokens occurs twice, so no key is an "
+            "induction target; score sequences that repeat"
+        )
+    return keys
+
+
+def _previous_token_scores(weights: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+    """``previous_token_scores`` from weights ``(L, B, H, T, T)`` -> ``(L, H)``.
+
+    ``keys`` ``(B, T)``, if given, picks the query positions to average over.
+    """
+    previous = weights.diagonal(offset=-1, dim1=-2, dim2=-1)  # (L, B, H, T - 1): query t >= 1
+    if keys is None:
+        return previous.mean(dim=(1, 3))  # (L, H)
+    counted = keys[:, 1:].to(weights.dtype)[None, :, None]  # (1, B, 1, T - 1); key 0 is never one
+    return (previous * counted).sum(dim=(1, 3)) / counted.sum()  # (L, H)
 
 
 def induction_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -243,7 +274,8 @@ class HeadReport:
     ``threshold``.
 
     Attributes:
-        previous_token: :func:`previous_token_scores`, ``(num_layers, num_heads)``.
+        previous_token: :func:`previous_token_scores` at the induction targets
+            (``at_targets=True``), ``(num_layers, num_heads)``.
         induction: :func:`induction_scores`, ``(num_layers, num_heads)``.
         threshold: the score from which a head is given a role.
 
@@ -300,7 +332,13 @@ def find_heads(model: nn.Module, tokens: torch.Tensor, threshold: float = 0.5) -
 
     The check beside :func:`~attention_book.diagnose` for whole models: ``diagnose`` tests
     one attention layer against properties that must hold; ``find_heads`` reports what the
-    heads of a trained model *do*.
+    heads of a trained model *do*. Each score is measured where an induction circuit needs
+    the head: the induction score at the queries that have a target, the previous-token
+    score at the keys an induction head reads (``previous_token_scores(...,
+    at_targets=True)``). A score averaged over every position would also count places where
+    a head has no work to do, and fall below the threshold for reasons that say nothing
+    about the circuit (chapter 15 measures it). Two heads of one layer that share a job
+    may each stay below the threshold: read the table, not only the names.
 
     Args:
         model: a language model whose ``model(tokens, return_weights=True)`` returns
@@ -320,8 +358,10 @@ def find_heads(model: nn.Module, tokens: torch.Tensor, threshold: float = 0.5) -
         0 < threshold <= 1
     ):
         raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r}")
-    return HeadReport(previous_token_scores(model, tokens).cpu(),
-                      induction_scores(model, tokens).cpu(), float(threshold))
+    targets = induction_targets(tokens)  # (B, T, T)
+    weights = _attention_weights(model, tokens)  # (L, B, H, T, T)
+    return HeadReport(_previous_token_scores(weights, _target_keys(targets)).cpu(),
+                      _induction_scores(weights, targets).cpu(), float(threshold))
 
 
 def _identity_norm(norm: nn.LayerNorm, num_ones: int) -> None:

@@ -4,8 +4,10 @@ A :class:`TransformerBlock` reads the *residual stream* ``x`` and adds two thing
 its causal :class:`~attention_book.modules.MultiHeadAttention` finds in the other tokens, and
 what a small per-token MLP computes, each from a LayerNorm-ed copy of ``x``
 (``x + attn(ln(x))``, then ``x + mlp(ln(x))``). :class:`TinyGPT` stacks such blocks between
-a token and a learned position embedding and a final LayerNorm and output layer, and
-generates greedily, with or without chapter 10's :class:`~attention_book.kv_cache.KVCache`.
+a token embedding plus a learned position embedding (or, with ``rope=True``, no position
+vector at all and chapter 12's rotary embedding inside every attention layer) and a final
+LayerNorm and output layer, and generates greedily, with or without chapter 10's
+:class:`~attention_book.kv_cache.KVCache`.
 
 This module imports the layers and the cache; nothing else of the package.
 """
@@ -38,6 +40,9 @@ class TransformerBlock(nn.Module):
         mlp_ratio: the MLP's hidden width is ``mlp_ratio * d_model``.
         qkv_bias: give the query, key and value projections a bias.
         attention_only: leave out the MLP.
+        rope: rotate the attention's queries and keys by their positions (RoPE, chapter 12);
+            with a cache the new tokens continue from ``len(kv_cache)``.
+        rope_base: the ``base`` of the rotary frequencies.
         device: where to create the parameters.
         dtype: the parameters' floating dtype.
 
@@ -62,6 +67,8 @@ class TransformerBlock(nn.Module):
         qkv_bias: bool = False,
         attention_only: bool = False,
         *,
+        rope: bool = False,
+        rope_base: float = 10000.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
@@ -75,7 +82,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = nn.LayerNorm(d_model, **factory)
         self.attention = MultiHeadAttention(
             d_model, d_model, num_heads, context_length=context_length, dropout=dropout,
-            qkv_bias=qkv_bias, causal=True, **factory,
+            qkv_bias=qkv_bias, causal=True, rope=rope, rope_base=rope_base, **factory,
         )
         self.attention_dropout = nn.Dropout(dropout)
         if not attention_only:
@@ -110,9 +117,11 @@ class TinyGPT(nn.Module):
 
     Token ``t``'s vector starts as its token embedding plus the learned embedding of its
     position; the blocks add to it; a final LayerNorm and a linear layer (no bias) turn it
-    into logits over the vocabulary for the token at ``t + 1``. Every block's attention is
-    causal and everything else acts on one position at a time, so the logits at ``t`` depend
-    on tokens ``0 … t`` only.
+    into logits over the vocabulary for the token at ``t + 1``. With ``rope=True`` there is
+    no position embedding (``position_embedding`` is ``None``): every attention layer rotates
+    its queries and keys by their positions instead (chapter 12), as Llama does. Every
+    block's attention is causal and everything else acts on one position at a time, so the
+    logits at ``t`` depend on tokens ``0 … t`` only.
 
     Args:
         vocab_size: number of token ids.
@@ -122,6 +131,9 @@ class TinyGPT(nn.Module):
         context_length: the longest sequence (the number of learned positions).
         dropout: dropout in the embeddings and the blocks (training only).
         attention_only: blocks without MLPs.
+        rope: rotary position embeddings in every attention layer instead of a learned
+            position embedding.
+        rope_base: the ``base`` of the rotary frequencies.
         device: where to create the parameters.
         dtype: the parameters' floating dtype.
 
@@ -147,10 +159,14 @@ class TinyGPT(nn.Module):
         dropout: float = 0.0,
         attention_only: bool = False,
         *,
+        rope: bool = False,
+        rope_base: float = 10000.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
+        if not isinstance(rope, bool):
+            raise TypeError(f"rope must be a bool, got {type(rope).__name__}")
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("num_layers", num_layers), ("context_length", context_length)):
             _check_positive_int(name, value)
@@ -161,12 +177,16 @@ class TinyGPT(nn.Module):
         self.num_heads = num_heads
         self.num_layers = num_layers
         self.context_length = context_length
+        self.rope = rope
         self.token_embedding = nn.Embedding(vocab_size, d_model, **factory)
-        self.position_embedding = nn.Embedding(context_length, d_model, **factory)
+        # With RoPE the positions live inside attention: the stream starts as the token alone.
+        self.position_embedding = (None if rope else
+                                   nn.Embedding(context_length, d_model, **factory))
         self.embedding_dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(d_model, num_heads, context_length, dropout,
-                             attention_only=attention_only, **factory)
+                             attention_only=attention_only, rope=rope, rope_base=rope_base,
+                             **factory)
             for _ in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(d_model, **factory)
@@ -194,8 +214,10 @@ class TinyGPT(nn.Module):
         """Logits and weights of ``idx``; with caches, ``idx`` holds only the new tokens."""
         start = 0 if kv_caches is None else len(kv_caches[0])
         self._check_idx(idx, start)
-        positions = torch.arange(start, start + idx.size(1), device=idx.device)  # (T,)
-        x = self.token_embedding(idx) + self.position_embedding(positions)  # (B, T, d_model)
+        x = self.token_embedding(idx)  # (B, T, d_model)
+        if self.position_embedding is not None:
+            positions = torch.arange(start, start + idx.size(1), device=idx.device)  # (T,)
+            x = x + self.position_embedding(positions)  # (B, T, d_model)
         x = self.embedding_dropout(x)
         all_weights = []
         for layer, block in enumerate(self.blocks):
@@ -262,13 +284,16 @@ def gpt_parameter_count(
     num_layers: int,
     context_length: int,
     attention_only: bool = False,
+    *,
+    rope: bool = False,
 ) -> int:
     """The number of parameters of ``TinyGPT(vocab_size, d_model, _, num_layers, context_length)``.
 
-    Embeddings ``(V + T) d``; per block, attention ``4 d^2 + d`` (query, key, value and
-    output projections, a bias on the output only), two LayerNorms ``4 d`` and the MLP
-    ``8 d^2 + 5 d``, so ``12 d^2 + 10 d`` (``4 d^2 + 3 d`` without the MLP); then the final
-    LayerNorm ``2 d`` and the output layer ``d V``. The head count does not matter.
+    Embeddings ``(V + T) d`` (``V d`` with ``rope=True``: no position table); per block,
+    attention ``4 d^2 + d`` (query, key, value and output projections, a bias on the output
+    only), two LayerNorms ``4 d`` and the MLP ``8 d^2 + 5 d``, so ``12 d^2 + 10 d``
+    (``4 d^2 + 3 d`` without the MLP); then the final LayerNorm ``2 d`` and the output layer
+    ``d V``. The head count does not matter.
 
     Args:
         vocab_size: ``V``.
@@ -276,13 +301,14 @@ def gpt_parameter_count(
         num_layers: ``L``.
         context_length: ``T``, the number of learned positions.
         attention_only: blocks without MLPs.
+        rope: the model has rotary positions and no learned position embedding.
 
     Shapes:
         (numbers only)
 
     Returns:
         ``2 V d + T d + L (12 d^2 + 10 d) + 2 d``, or with ``4 d^2 + 3 d`` per block when
-        ``attention_only``; an int.
+        ``attention_only``, and without ``T d`` when ``rope``; an int.
 
     Taught in chapter 15.
     """
@@ -291,4 +317,5 @@ def gpt_parameter_count(
         _check_positive_int(name, value)
     d = d_model
     per_block = 4 * d * d + 3 * d if attention_only else 12 * d * d + 10 * d
-    return 2 * vocab_size * d + context_length * d + num_layers * per_block + 2 * d
+    positions = 0 if rope else context_length * d
+    return 2 * vocab_size * d + positions + num_layers * per_block + 2 * d

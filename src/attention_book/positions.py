@@ -125,9 +125,10 @@ def alibi_slopes(num_heads: int, *, device: torch.device | str | None = None) ->
     """The slope of each head's ALiBi penalty, from the ALiBi paper.
 
     For ``n`` heads, a power of two, the slopes are the geometric sequence that starts
-    at ``2 ** (-8 / n)`` with that same ratio: ``1/2, 1/4, …, 1/256`` for 8 heads. For
-    other head counts the paper's code takes the slopes of the power of two just below
-    ``n`` and adds every other slope of the next power of two.
+    at ``2 ** (-8 / n)`` with that same ratio: ``1/2, 1/4, …, 1/256`` for 8 heads, largest
+    first. For other head counts the result equals the paper's reference code for every
+    ``n`` (chapter 12's exercise 12.1 derives its rule); it is then not sorted, and no two
+    heads share a slope.
 
     Args:
         num_heads: the number of heads ``n``.
@@ -137,7 +138,7 @@ def alibi_slopes(num_heads: int, *, device: torch.device | str | None = None) ->
         returns ``(num_heads,)``.
 
     Returns:
-        A float32 tensor of slopes between 0 and 1, largest first.
+        A float32 tensor of slopes between 0 and 1, one per head.
 
     Taught in chapter 12.
     """

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .heads import _induction_scores, _previous_token_scores, induction_targets
+from .heads import _induction_scores, _previous_token_scores, _target_keys, induction_targets
 from .train import _progress_bar, _threads
 
 __all__ = [
@@ -199,7 +199,8 @@ def train_on_repeats(
 
     Every ``record_every`` steps, and before the first, it records on ``probe`` (a fixed
     batch with random offsets): the loss, the induction accuracy, and every head's
-    previous-token and induction scores.
+    previous-token and induction scores, measured as :func:`~attention_book.heads.find_heads`
+    measures them (the previous-token score at the keys an induction head reads).
 
     Args:
         model: a language model with ``vocab_size`` and ``context_length`` attributes, such
@@ -242,6 +243,7 @@ def train_on_repeats(
                                 "induction": []}
 
     probe_targets = induction_targets(probe.tokens)  # (B, T, T)
+    probe_keys = _target_keys(probe_targets)  # (B, T)
     probe_mask = probe.loss_mask[:, :-1]  # (B, T - 1)
 
     @torch.no_grad()
@@ -255,7 +257,7 @@ def train_on_repeats(
         history["step"].append(step)
         history["loss"].append(repeat_loss(logits, probe).item())
         history["accuracy"].append(right[probe_mask].double().mean().item())
-        history["previous_token"].append(_previous_token_scores(weights).cpu())
+        history["previous_token"].append(_previous_token_scores(weights, probe_keys).cpu())
         history["induction"].append(_induction_scores(weights, probe_targets).cpu())
 
     with _threads(num_threads):

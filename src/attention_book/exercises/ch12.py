@@ -1,18 +1,17 @@
-"""Checkers for chapter 12 (positions inside attention: RoPE and ALiBi; cross-attention)."""
+"""Checkers for chapter 12 (positions inside attention: RoPE and ALiBi)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..attention import scaled_dot_product_attention
 from ..bug_zoo import RotaryCacheRestartsPositions
 from ..modules import GroupedQueryAttention, MultiHeadAttention
 from ..positions import rotary_embedding
 from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
-    "check_masked_cross_attention",
+    "check_alibi_slopes",
     "check_changed_scores",
     "check_rope_2d",
     "check_fixed_rope",
@@ -32,57 +31,89 @@ def _close(a: object, b: torch.Tensor, atol: float = 1e-5) -> bool:
 # --------------------------------------------------------------------------- exercise 12.1
 
 
+def _geometric(count: int) -> list[float]:
+    """The paper's slopes for a power of two: 2^(-8/n), 2^(-16/n), ... (n = count)."""
+    return [2.0 ** (-8.0 * (h + 1) / count) for h in range(count)]
+
+
+def _paper_slopes(num_heads: int) -> list[float]:
+    # Press et al.'s reference rule, kept here to grade against; the book's package has it too.
+    lower = 2 ** (num_heads.bit_length() - 1)
+    return _geometric(lower) + _geometric(2 * lower)[0::2][: num_heads - lower]
+
+
+_HEAD_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 40, 64, 96)
+
+
+def _as_slopes(value: object, num_heads: int) -> torch.Tensor:
+    try:
+        slopes = torch.as_tensor(value, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        fail(f"alibi_slopes({num_heads}) returns the slopes", expected="a tensor or list of numbers",
+             actual=type(value).__name__, hint="return torch.tensor(slopes), one slope per head")
+    expect_shape(f"alibi_slopes({num_heads})", slopes, (num_heads,),
+                 hint="return one slope per head, a 1-D tensor of num_heads numbers")
+    return slopes
+
+
 @checker
-def check_masked_cross_attention(fn) -> None:
-    """Check single-head cross-attention ``fn(x, context, W_query, W_key, W_value, context_mask)``.
+def check_alibi_slopes(fn) -> None:
+    """Check ``fn(num_heads)``: ALiBi's slopes for any head count, as in Press et al.'s code.
 
     Taught in chapter 12 (Exercise 12.1).
     """
-    torch.manual_seed(0)
-    d_in, d_out = 4, 6
-    x = torch.randn(2, 3, d_in)  # (B, T, d_in)
-    context = torch.randn(2, 5, d_in)  # (B, T_ctx, d_in)
-    # Small weights keep every score moderate: no weight underflows to 0 unless it is masked.
-    W_query, W_key, W_value = (0.5 * torch.randn(3, d_in, d_out)).unbind(0)  # each (d_in, d_out)
-    context_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])  # (B, T_ctx)
-    queries, keys, values = x @ W_query, context @ W_key, context @ W_value
-    expected, expected_weights = scaled_dot_product_attention(
-        queries, keys, values, context_mask[:, None, :])  # (B, T, d_out), (B, T, T_ctx)
+    results = {n: _as_slopes(call(fn, n), n) for n in _HEAD_COUNTS}
+    for n in (1, 2, 4, 8, 16, 64):  # the powers of two first: the chapter's rule
+        slopes, expected = results[n], torch.tensor(_geometric(n), dtype=torch.float64)
+        if torch.allclose(slopes, expected, rtol=1e-5, atol=0):
+            continue
+        if torch.allclose(slopes, torch.tensor([2.0 ** (-8.0 * h / n) for h in range(n)],
+                                                         dtype=torch.float64), rtol=1e-5, atol=0):
+            hint = "the first head's slope is 2^(-8/n) itself, not 2^0 = 1"
+        elif torch.allclose(slopes, expected.flip(0), rtol=1e-5, atol=0):
+            hint = "head 0 gets the steepest slope, 2^(-8/n); the slopes shrink from there"
+        else:
+            hint = ("for n a power of two the slopes are 2^(-8/n), 2^(-16/n), ..., 2^(-8): "
+                    "a geometric sequence whose first term and ratio are both 2^(-8/n)")
+        fail(f"alibi_slopes({n}) follows the rule for a power of two",
+             expected=_round(expected), actual=_round(slopes), hint=hint)
+    for n in _HEAD_COUNTS:
+        slopes, expected = results[n], torch.tensor(_paper_slopes(n), dtype=torch.float64)
+        if torch.allclose(slopes, expected, rtol=1e-5, atol=0):
+            continue
+        lower = 2 ** (n.bit_length() - 1)
+        prop = f"alibi_slopes({n}) equals the slopes of Press et al.'s code"
+        if torch.allclose(slopes, torch.tensor(_geometric(n), dtype=torch.float64), rtol=1e-5,
+                          atol=0):
+            hint = (f"2^(-8/{n}) with its own ratio is the obvious extension, but not the "
+                    f"paper's: keep the {lower} slopes of {lower} heads unchanged, and take the "
+                    f"other {n - lower} from the slopes of {2 * lower} heads")
+        elif torch.allclose(slopes.sort(descending=True).values,
+                            expected.sort(descending=True).values, rtol=1e-5, atol=0):
+            hint = (f"the right slopes in the wrong order: the {lower} slopes of {lower} heads "
+                    f"come first, as they are, and the extra ones follow (the paper does not "
+                    "sort them)")
+        elif torch.allclose(slopes, torch.tensor(_geometric(2 * lower)[:n], dtype=torch.float64),
+                            rtol=1e-5, atol=0):
+            hint = (f"the first {n} slopes of {2 * lower} heads never reach the gentle end, "
+                    f"2^(-8): keep all {lower} slopes of {lower} heads, which run from "
+                    f"2^(-8/{lower}) to 2^(-8), and add slopes of {2 * lower} heads that lie "
+                    "between them")
+        elif len(set(slopes.tolist())) < n:
+            hint = (f"some slopes repeat: every second slope of {2 * lower} heads is already "
+                    f"one of the slopes of {lower} heads; take the ones that lie between them")
+        else:
+            hint = (f"keep the {lower} slopes of {lower} heads (the largest power of two "
+                    f"below {n}), then add the first {n - lower} of the slopes of {2 * lower} "
+                    f"heads that are not already among them, steepest first")
+        fail(prop, expected=_round(expected), actual=_round(slopes), hint=hint)
+    passed("the slopes of every head count from 1 to 96 equal the paper's. For n that is not "
+           "a power of two, the heads of the power of two below n keep their slopes and the "
+           "others fall halfway between them (on a log scale), so no two heads share a slope.")
 
-    result = call(fn, x, context, W_query, W_key, W_value, context_mask)
-    if not (isinstance(result, tuple) and len(result) == 2):
-        fail("cross_attention returns the pair (output, weights)", expected="a tuple of 2 tensors",
-             actual=type(result).__name__,
-             hint="end with `return output, weights`, as the book's scaled_dot_product_attention")
-    output, weights = result
-    expect_shape("the weights", weights, (2, 3, 5), hint=(
-        "the weights are (B, T, T_ctx): one row per query of x, one column per token of the "
-        "context; the keys come from the context, the queries from x"))
-    expect_shape("the output", output, (2, 3, d_out), hint=(
-        "the output has one row per query token of x: (B, T, d_out)"))
-    padded = weights[1, :, 3:].detach().abs().max().item()
-    expect_true("the padded context tokens get zero weight", padded <= 1e-6,
-                expected="weight 0 on keys 3 and 4 of sequence 1 (context_mask is False there)",
-                actual=f"weights up to {padded:.3g}", hint=(
-                    "block the keys where context_mask is False before the softmax; the mask "
-                    "(B, T_ctx) needs a query axis to broadcast: context_mask[:, None, :]"))
-    blocked = int((weights[0].detach().abs() <= 1e-6).sum())
-    expect_true("every query sees every real context token", blocked == 0,
-                expected="no zero weight in sequence 0, which has no padding",
-                actual=f"{blocked} weights of sequence 0 are zero", hint=(
-                    "the context is another sequence, already complete: no context token lies "
-                    "in the future of a query, so cross-attention has no causal mask; only "
-                    "the padding mask applies"))
-    hint = ("queries = x @ W_query, keys = context @ W_key, values = context @ W_value; scale "
-            "the scores by 1/sqrt(d_out) before the softmax over the context tokens")
-    expect_close("the weights", weights, expected_weights, hint=hint)
-    expect_close("the output", output, expected, hint=hint)
-    unmasked = call(fn, x, context, W_query, W_key, W_value)
-    expect_close("the output without a context_mask", unmasked[0],
-                 scaled_dot_product_attention(queries, keys, values)[0],
-                 hint="context_mask=None means every context token is real: apply no mask")
-    passed("queries from x, keys and values from the context, and only a padding mask: "
-           "3 queries spread their weight over 5 context tokens, never over padding.")
+
+def _round(slopes: torch.Tensor) -> list[float]:
+    return [round(value, 4) for value in slopes.tolist()]
 
 
 # --------------------------------------------------------------------------- exercise 12.2
@@ -239,14 +270,40 @@ class _ForgetsTheCache(nn.Module):
         return self.layer(x, mask, return_weights)
 
 
+class _DecodesWrongSomewhere(nn.Module):
+    """A broken layer for the checker: correct without a cache; while decoding, some keys are
+    hidden from some queries, so the outputs go wrong only at some depths of the cache.
+
+    ``hidden(query_position, key_position) -> bool`` says which keys a query loses.
+    """
+
+    def __init__(self, layer: nn.Module, hidden):
+        super().__init__()
+        self.layer = layer
+        self.hidden = hidden
+
+    def forward(self, x, mask=None, return_weights=False, *, kv_cache=None):
+        if kv_cache is None:
+            return self.layer(x, mask, return_weights)
+        start, num_tokens = len(kv_cache), x.size(-2)
+        queries = torch.arange(start, start + num_tokens)[:, None]  # (T, 1)
+        keys = torch.arange(start + num_tokens)[None, :]  # (1, T_k)
+        allowed = ~self.hidden(queries, keys)  # (T, T_k)
+        if mask is not None:
+            allowed = allowed & mask
+        return self.layer(x, allowed, return_weights, kv_cache=kv_cache)
+
+
 def _layers() -> list[tuple[str, nn.Module, bool]]:
     def seeded(build):
         torch.manual_seed(0)
         return build().eval()
 
+    def rope_layer():
+        return MultiHeadAttention(8, 8, 2, context_length=8, rope=True)
+
     return [
-        ("MultiHeadAttention(rope=True)",
-         seeded(lambda: MultiHeadAttention(8, 8, 2, context_length=8, rope=True)), True),
+        ("MultiHeadAttention(rope=True)", seeded(rope_layer), True),
         ("GroupedQueryAttention(rope=True, backend='sdpa')",
          seeded(lambda: GroupedQueryAttention(8, 8, 4, 2, context_length=8, rope=True,
                                               backend="sdpa")), True),
@@ -257,6 +314,16 @@ def _layers() -> list[tuple[str, nn.Module, bool]]:
          False),
         ("a layer that ignores its cache",
          seeded(lambda: _ForgetsTheCache(MultiHeadAttention(8, 8, 2, context_length=8))), False),
+        ("a layer that, while decoding, sees only the last 2 cached tokens (wrong from "
+         "token 3 on, once the cache holds 3)",
+         seeded(lambda: _DecodesWrongSomewhere(rope_layer(), lambda q, k: q - k > 2)), False),
+        ("a layer that, while decoding, sees only the last 4 cached tokens (wrong at "
+         "token 5 only)",
+         seeded(lambda: _DecodesWrongSomewhere(rope_layer(), lambda q, k: q - k > 4)), False),
+        ("a layer that, while decoding tokens 2 and 3, loses key 0 (wrong in the middle "
+         "only: the last token is right)",
+         seeded(lambda: _DecodesWrongSomewhere(
+             rope_layer(), lambda q, k: ((q == 2) | (q == 3)) & (k == 0))), False),
     ]
 
 
@@ -264,11 +331,15 @@ def _layers() -> list[tuple[str, nn.Module, bool]]:
 def check_decodes_like_full_pass(fn) -> None:
     """Check the property test ``fn(layer, x) -> bool`` against healthy and broken layers.
 
+    The broken layers go wrong at different depths of the cache: from the second token, from
+    the fourth, at the sixth only, and at the third and fourth only; ``x`` has 6 tokens.
+
     Taught in chapter 12 (Exercise 12.5).
     """
     torch.manual_seed(1)
     x = torch.randn(2, 6, 8)  # (B, T, d_in)
-    for name, layer, healthy in _layers():
+    layers = _layers()
+    for name, layer, healthy in layers:
         verdict = call(fn, layer, x.clone())
         if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
             verdict = bool(verdict)
@@ -283,8 +354,11 @@ def check_decodes_like_full_pass(fn) -> None:
                        "KVCache(T) and feed x[:, t:t+1] for t = 0 ... T-1"))
         if not healthy and verdict:
             fail(f"your test catches a broken layer: {name}", expected="False", actual="True",
-                 hint=("feed the tokens one call at a time through one KVCache, "
-                       "layer(x[:, t:t+1], kv_cache=cache), and compare every token's output "
-                       "with layer(x): the first token is right even when later ones are not"))
-    passed("your test passes the 3 healthy layers and catches both broken ones, including "
-           "positions that restart at 0.")
+                 hint=("feed every token of x, one call at a time, through one KVCache, "
+                       "layer(x[:, t:t+1], kv_cache=cache), and compare the output of every "
+                       "token with layer(x): a bug can show at any depth of the cache, from "
+                       "the first cached token to the last, and only there"))
+    broken = sum(not healthy for _, _, healthy in layers)
+    passed(f"your test passes the 3 healthy layers and catches all {broken} broken ones, "
+           "whether they go wrong from the second token, only once the cache is deep, or only "
+           "in the middle of the sequence.")

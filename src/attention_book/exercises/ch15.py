@@ -7,14 +7,15 @@ import numbers
 import torch
 from torch import nn
 
-from ..heads import ablate_heads, hand_built_induction_model, head_name
+from ..heads import ablate_heads, hand_built_induction_model
 from ..model import TinyGPT, TransformerBlock
-from ._feedback import call, checker, expect_close, expect_true, fail, passed
+from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_block_parameter_count",
-    "check_breaking_heads",
-    "check_block_forward",
+    "check_induction_score",
+    "check_mean_ablated_logits",
+    "check_is_induction_head",
     "check_is_causal",
 ]
 
@@ -30,7 +31,7 @@ def check_block_parameter_count(fn) -> None:
     The answer is ``(4 + 2 r) d^2 + (6 + r) d``, plus ``3 d`` with a bias on the query, key and
     value projections; the checker counts real blocks.
 
-    Taught in chapter 15.
+    Taught in chapter 15 (Exercise 15.1).
     """
     hint = ("add up, for d = d_model and r = mlp_ratio: two LayerNorms (a weight and a bias of "
             "d each), the query, key and value projections (d x d each, plus a bias of d each "
@@ -57,6 +58,14 @@ def check_block_parameter_count(fn) -> None:
         if actual == expected - 4 * d:
             fail(f"{label} counts the LayerNorms", expected=expected, actual=actual,
                  hint="each of the two LayerNorms learns a weight and a bias of d_model each")
+        if actual == expected - 2 * d:
+            fail(f"{label} counts both parts of each LayerNorm", expected=expected,
+                 actual=actual, hint="a LayerNorm learns a scale *and* a shift: a weight of "
+                 "d_model and a bias of d_model, 2 d for each of the two")
+        if actual == expected - d:
+            fail(f"{label} counts the output projection's bias", expected=expected,
+                 actual=actual, hint="the output projection has a bias of d_model even when "
+                 "qkv_bias is False (qkv_bias is about the query, key and value projections)")
         plain = (4 + 2 * 4) * d * d + (6 + 4) * d + 3 * d * qkv_bias
         if mlp_ratio != 4 and actual == plain:
             fail(f"{label} follows mlp_ratio", expected=expected, actual=actual,
@@ -66,119 +75,309 @@ def check_block_parameter_count(fn) -> None:
            "two thirds of them are in the MLP.")
 
 
-_BREAKING = {"L0H0", "L1H0"}
+# --------------------------------------------------------------------------- exercise 15.2
 
 
-def _copy_accuracy(model: nn.Module) -> float:
+def _score_with(weights: torch.Tensor, targets: torch.Tensor, counted: torch.Tensor) -> float:
+    """Mean, over the ``counted`` queries, of the weight on ``targets``."""
+    on_targets = (weights * targets).sum(dim=-1)  # (B, T)
+    return (on_targets[counted].sum() / counted.sum()).item()
+
+
+def _score_variants(weights: torch.Tensor, tokens: torch.Tensor) -> dict[str, float]:
+    """The right score and the usual wrong ones, for weights (B, T, T) and tokens (B, T)."""
+    num_tokens = tokens.size(1)
+    same = tokens[:, :, None] == tokens[:, None, :]  # (B, T, T): token t equals token j
+    after_copy = torch.zeros_like(same)
+    after_copy[:, :, 1:] = same[:, :, :-1]  # key s follows a copy at s - 1
+    at_or_before = torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()  # s <= t
+    targets = after_copy & at_or_before  # (B, T, T)
+    counted = targets.any(dim=-1)  # (B, T)
+    earlier_copies = same & torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril(-1)
+    strict = after_copy & torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril(-1)
+    right = _score_with(weights, targets, counted)
+    per_sequence = [_score_with(weights[b:b + 1], targets[b:b + 1], counted[b:b + 1])
+                    for b in range(tokens.size(0)) if counted[b].any()]
+    return {
+        "right": right,
+        "copy": _score_with(weights, earlier_copies, earlier_copies.any(dim=-1)),
+        "strict": _score_with(weights, strict, strict.any(dim=-1)),
+        "all queries": _score_with(weights, targets, torch.ones_like(counted)),
+        "future": _score_with(weights, after_copy, after_copy.any(dim=-1)),
+        "per sequence": sum(per_sequence) / len(per_sequence),
+        "max": (weights * targets).amax(dim=-1)[counted].mean().item(),
+    }
+
+
+_SCORE_HINTS = {
+    "copy": ("you measured the weight on the earlier copies of the query's token (a "
+             "duplicate-token score); an induction head looks one place further, at the token "
+             "that followed each copy: key s is a target when tokens[s - 1] == tokens[t]"),
+    "strict": ("the key s = t counts too: when tokens[t - 1] == tokens[t] (a token repeated "
+               "twice in a row), the query's own position follows a copy of its token"),
+    "all queries": ("average only over the queries that have at least one target; a query whose "
+                    "token never occurred before has nothing to find and is not counted"),
+    "future": ("a target must lie at or before the query (s <= t): the causal head cannot look "
+               "further, and a query whose token only occurs later has no target"),
+    "per sequence": ("take one mean over every counted query of every sequence, not a mean per "
+                     "sequence averaged over the sequences (they have different numbers of "
+                     "counted queries, and one has none)"),
+    "max": ("sum the weight over all of a query's targets (a token can occur several times "
+            "before), do not keep only the largest"),
+}
+
+
+def _score_example() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three sequences with every trap: a doubled token, several targets, no target at all, and
+    4 and 5 queries with a target (so a mean per sequence differs from the mean over queries)."""
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 3, 1, 4, 2],
+                           [2, 2, 7, 2, 6, 2, 7, 9, 6],
+                           [0, 1, 2, 3, 4, 5, 6, 7, 8]])  # (B, T); the last has no repeat
     generator = torch.Generator().manual_seed(0)
-    segments = torch.stack([torch.randperm(7, generator=generator) + 1 for _ in range(16)])
-    tokens = torch.cat([torch.zeros(16, 1, dtype=torch.long), segments, segments], dim=1)
+    scores = 2 * torch.randn(3, 9, 9, generator=generator, dtype=torch.float64)  # (B, T, T)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)  # (B, T, T)
+    return weights, tokens
+
+
+def _as_number(value: object, label: str) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(f"{label} is a number", expected="a float (or a tensor holding one number)",
+             actual=type(value).__name__, hint="return the mean as a float, e.g. with .item()")
+    return float(value)
+
+
+@checker
+def check_induction_score(fn) -> None:
+    """Check ``fn(weights, tokens) -> float``: one head's induction score.
+
+    Taught in chapter 15 (Exercise 15.2).
+    """
+    weights, tokens = _score_example()
+    variants = _score_variants(weights, tokens)
+    actual = _as_number(call(fn, weights.clone(), tokens.clone()), "induction_score(weights, tokens)")
+    if abs(actual - variants["right"]) > 1e-6:
+        for name, hint in _SCORE_HINTS.items():
+            if abs(actual - variants[name]) <= 1e-6:
+                fail("the induction score follows its definition", expected=round(
+                    variants["right"], 4), actual=round(actual, 4), hint=hint)
+        fail("the induction score follows its definition", expected=round(variants["right"], 4),
+             actual=round(actual, 4), hint=(
+                 "for each query t, sum its weight on the keys s <= t with tokens[s - 1] == "
+                 "tokens[t]; average those sums over the queries that have such a key"))
+    with torch.random.fork_rng():  # building a model draws (then overwrites) random weights
+        copier = hand_built_induction_model(8, 16, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(1)
+    segments = torch.stack([torch.randperm(7, generator=generator) + 1 for _ in range(4)])
+    repeats = torch.cat([torch.zeros(4, 1, dtype=torch.long), segments, segments], dim=1)
     with torch.no_grad():
-        predicted = model(tokens).argmax(-1)  # (16, 15)
-    return (predicted[:, 8:-1] == tokens[:, 9:]).double().mean().item()
+        _, (first, second) = copier(repeats, return_weights=True)
+    for layer, head, expected, what in ((1, 0, 1.0, "the hand-built induction head L1H0"),
+                                        (0, 0, 0.0, "the hand-built previous-token head L0H0")):
+        weights = (second if layer else first)[:, head]  # (B, T, T)
+        score = _as_number(call(fn, weights, repeats.clone()), f"the score of {what}")
+        expect_true(f"{what} scores about {expected:g}", abs(score - expected) < 0.01,
+                    expected=expected, actual=round(score, 4), hint=(
+                        "run your function on the weights of one head, weights[:, head] of "
+                        "its layer, shaped (B, T, T)"))
+    passed("the weight on the tokens that followed each earlier copy, averaged over the "
+           "queries that have one: 1 for the hand-built induction head, 0 for its "
+           "previous-token head.")
+
+
+# --------------------------------------------------------------------------- exercise 15.3
+
+
+def _head_means(model: TinyGPT, tokens: torch.Tensor, layer: int) -> torch.Tensor:
+    """The input of layer ``layer``'s output projection, averaged over batch and positions."""
+    seen = []
+    handle = model.blocks[layer].attention.out_proj.register_forward_pre_hook(
+        lambda module, inputs: seen.append(inputs[0]))
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        handle.remove()
+    return seen[0].mean(dim=(0, 1))  # (d_model,)
+
+
+def _replaced(model: TinyGPT, tokens: torch.Tensor, layer: int, features: slice,
+              value: torch.Tensor | None) -> torch.Tensor:
+    """Logits with ``features`` of the out_proj input replaced by ``value`` (per position if None)."""
+    def hook(module, inputs):
+        context = inputs[0].clone()
+        context[..., features] = (context[..., features].mean(dim=0, keepdim=True)
+                                  if value is None else value)
+        return (context,)
+
+    handle = model.blocks[layer].attention.out_proj.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            return model(tokens)
+    finally:
+        handle.remove()
 
 
 @checker
-def check_breaking_heads(fn) -> None:
-    """Check ``fn()`` names the heads of the hand-built model whose ablation alone breaks copying.
+def check_mean_ablated_logits(fn) -> None:
+    """Check ``fn(model, tokens, layer, head)``: logits with one head mean-ablated.
 
-    The checker zeroes each of the four heads of ``hand_built_induction_model()`` in turn and
-    measures how often the second copy of a repeated sequence is predicted.
-
-    Taught in chapter 15.
+    Taught in chapter 15 (Exercise 15.3).
     """
-    hint = ("a head matters when something downstream reads what it writes: follow the "
-            "previous-token block from the head that fills it to the head whose key reads it, "
-            "and the copied-token block to the output layer")
-    predicted = call(fn)
-    if isinstance(predicted, str) or not isinstance(predicted, (set, list, tuple, frozenset)):
-        fail("the prediction is a set of head names", expected="a set such as {'L0H1'}",
-             actual=type(predicted).__name__, hint="return a set of names like 'L1H0'")
-    predicted = set(predicted)
-    model = hand_built_induction_model(dtype=torch.float64)
-    names = {head_name(layer, head) for layer in range(2) for head in range(2)}
-    unknown = predicted - names
-    expect_true("every predicted name is a head of the model", not unknown,
-                expected=f"names among {sorted(names)}", actual=sorted(map(str, unknown)),
-                hint="heads are named L<layer>H<head>, counted from 0")
-    breaking = set()
-    for name in sorted(names):
-        with ablate_heads(model, [name]):
-            if _copy_accuracy(model) < 0.5:
-                breaking.add(name)
-    if "L0H1" in predicted:
-        fail("the prediction leaves out heads that look right but write nothing",
-             expected="L0H1 does not break copying", actual="L0H1 predicted to break it",
-             hint="L0H1 attends to the previous token as sharply as L0H0, but its value "
-                  "projection is zero: a pattern says where a head looks, not what it adds")
-    if "L0H0" not in predicted:
-        fail("the prediction includes the head that writes the previous token",
-             expected="L0H0 breaks copying", actual="L0H0 left out",
-             hint="without L0H0 the previous-token block stays empty, so the induction head's "
-                  "keys all look alike and it can no longer find the earlier copy")
-    expect_true("the prediction names exactly the heads whose ablation breaks copying",
-                predicted == breaking, expected=sorted(breaking), actual=sorted(predicted),
-                hint=hint)
-    passed("L0H0 and L1H0 form the circuit; the decoy L0H1 has the right pattern but writes "
-           "nothing that any later head reads.")
-
-
-def _reference_forward(block: TransformerBlock, x: torch.Tensor) -> torch.Tensor:
-    x = x + block.attention(block.attention_norm(x))  # (B, T, d_model)
-    return x + block.mlp(block.mlp_norm(x))  # (B, T, d_model)
-
-
-class _PartsOnly(TransformerBlock):
-    """A block whose own forward refuses to run: the answer must call its parts."""
-
-    def forward(self, *args, **kwargs):
-        raise RuntimeError("call the block's parts (attention_norm, attention, mlp_norm, mlp), "
-                           "not the block itself")
-
-
-@checker
-def check_block_forward(fn) -> None:
-    """Check ``fn(block, x)`` computes a pre-LayerNorm block from its parts.
-
-    Taught in chapter 15.
-    """
-    hint = ("the stream x itself is never normalised: each branch reads a LayerNorm-ed copy, "
-            "x = x + attention(attention_norm(x)), then x = x + mlp(mlp_norm(x))")
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        block = _PartsOnly(8, 2, 6, dtype=torch.float64).eval()
-        with torch.no_grad():
-            for norm in (block.attention_norm, block.mlp_norm):
-                norm.weight.uniform_(0.5, 1.5)
-                norm.bias.uniform_(-0.5, 0.5)
-        x = 3 * torch.randn(2, 5, 8, dtype=torch.float64) + 1  # (B, T, d_model)
+        model = TinyGPT(13, 16, 4, 2, 10, dtype=torch.float64).eval()
+    tokens = torch.randint(0, 13, (3, 10), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        expected = _reference_forward(block, x)
-        actual = call(fn, block, x.clone())
-        normed = block.attention_norm(x)  # (B, T, d_model)
-        stream_normed = normed + block.attention(normed)
-        stream_normed = stream_normed + block.mlp(block.mlp_norm(stream_normed))
-        after_attention = x + block.attention(block.attention_norm(x))
-        raw_mlp = after_attention + block.mlp(after_attention)
-        post_norm = block.attention_norm(x + block.attention(x))
-        post_norm = block.mlp_norm(post_norm + block.mlp(post_norm))
-    if isinstance(actual, torch.Tensor) and actual.shape == expected.shape:
+        before = model(tokens)  # (B, T, V)
+    for layer, head in ((1, 2), (0, 1)):
+        head_dim = model.blocks[layer].attention.head_dim
+        features = slice(head * head_dim, (head + 1) * head_dim)
+        means = _head_means(model, tokens, layer)  # (d_model,)
+        expected = _replaced(model, tokens, layer, features, means[features])
+        label = f"mean_ablated_logits(model, tokens, {layer}, {head})"
+        actual = call(fn, model, tokens.clone(), layer, head)
+        with torch.no_grad():
+            after = model(tokens)
+        hooks = sum(len(block.attention.out_proj._forward_pre_hooks) for block in model.blocks)
+        expect_true("the model is left as it was", hooks == 0 and torch.equal(after, before),
+                    expected="the same logits as before the call, and no hook left behind",
+                    actual=("a hook is still registered" if hooks else "other logits"), hint=(
+                        "remove every hook you register (handle.remove(), in a finally: block) "
+                        "and put back any weight you change"))
+        expect_shape(label, actual, expected.shape, hint="return the logits, (B, T, vocab_size)")
         actual = actual.detach().to(expected.dtype)
-        for wrong, prop, detail in (
-            (stream_normed, "the residual stream carries x, not attention_norm(x)",
-             "x = attention_norm(x) replaces the stream by its normalised copy: the block's "
-             "input no longer reaches its output unchanged; keep x and add to it"),
-            (raw_mlp, "the MLP reads a LayerNorm-ed copy of the stream",
-             "feed mlp_norm(x) to the MLP, as attention reads attention_norm(x)"),
-            (post_norm, "the block is pre-LayerNorm",
-             "this is the post-LN block of the 2017 Transformer: normalise what each branch "
-             "reads, not the sum"),
-        ):
-            if torch.allclose(actual, wrong):
-                fail(prop, expected="x + attention(attention_norm(x)), then + mlp(mlp_norm(x))",
-                     actual="the buggy output", hint=detail)
-    expect_close("the block's output", actual, expected, hint=hint)
-    passed("each branch reads a normalised copy and adds to the untouched stream.")
+        if torch.allclose(actual, expected, atol=1e-6):
+            continue
+        with ablate_heads(model, [(layer, head)]), torch.no_grad():
+            zeroed = model(tokens)
+        other = (head + 1) % model.num_heads
+        wrong = {
+            "zero": (zeroed, "you zeroed the head, as ablate_heads does; mean ablation puts "
+                             "its average output in its place, so the layer after it still "
+                             "gets the usual offset"),
+            "per position": (_replaced(model, tokens, layer, features, None),
+                             "one mean vector for the head: average over every sequence *and* "
+                             "every position, not one mean per position"),
+            "one number": (_replaced(model, tokens, layer, features, means[features].mean()),
+                           "average each of the head's head_dim features on its own: the "
+                           "mean is a vector of head_dim numbers, not one number"),
+            "whole layer": (_replaced(model, tokens, layer, slice(None), means),
+                            "replace only this head's slice, features head * head_dim to "
+                            "(head + 1) * head_dim - 1 of the output projection's input"),
+            "other head": (_replaced(model, tokens, layer, slice(other * head_dim,
+                                                                  (other + 1) * head_dim),
+                                     means[other * head_dim:(other + 1) * head_dim]),
+                           "the slice belongs to another head: head h owns features "
+                           "h * head_dim to (h + 1) * head_dim - 1"),
+            "nothing": (before, "the head is not replaced at all: register the hook on "
+                                "model.blocks[layer].attention.out_proj and return the logits "
+                                "computed while it is in place"),
+        }
+        for result, hint in wrong.values():
+            if torch.allclose(actual, result, atol=1e-6):
+                fail(f"{label} mean-ablates that head", expected="the reference logits",
+                     actual="the logits of another ablation", hint=hint)
+        expect_close(label, actual, expected, atol=1e-6, hint=(
+            "first run the model once and average the head's slice of the input of "
+            "out_proj over every sequence and position; then run it again with that slice "
+            "replaced by the average"))
+    passed("each head's slice of the context vectors is replaced by its average, so the "
+           "model loses what the head says about *this* input and keeps the rest.")
+
+
+# --------------------------------------------------------------------------- exercise 15.4
+
+
+def _positional(vocab_size: int, context_length: int, offset: int) -> TinyGPT:
+    """The hand-built model with L1H0 turned into a fixed-offset copier: it attends
+    ``offset - 1`` tokens back, whatever the tokens, and copies what it finds there."""
+    model = hand_built_induction_model(vocab_size, context_length, dtype=torch.float64)
+    head_dim = model.d_model // 2
+    attention = model.blocks[1].attention
+    position = vocab_size + torch.arange(context_length)  # the stream's position features
+    with torch.no_grad():
+        attention.W_query.weight[:head_dim] = 0
+        attention.W_key.weight[:head_dim] = 0
+        for t in range(context_length):
+            attention.W_query.weight[t, position[t]] = 20.0 * head_dim**0.5
+        for s in range(context_length - offset + 1):
+            attention.W_key.weight[s + offset - 1, position[s]] = 1.0
+    return model
+
+
+def _soft(vocab_size: int, context_length: int) -> TinyGPT:
+    """The hand-built model with a blurrier induction head (about 0.77 of its weight on targets)."""
+    model = hand_built_induction_model(vocab_size, context_length, dtype=torch.float64)
+    with torch.no_grad():
+        model.blocks[1].attention.W_query.weight[:model.d_model // 2] *= 0.2
+    return model
+
+
+def _head_subjects() -> list[tuple[str, TinyGPT, int, int, bool]]:
+    big = hand_built_induction_model(32, 32, dtype=torch.float64)
+    small = hand_built_induction_model(24, 24, dtype=torch.float64)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        untrained = TinyGPT(32, 32, 2, 2, 32, attention_only=True, dtype=torch.float64).eval()
+    subjects = [
+        ("the hand-built induction head L1H0 (vocabulary 32, 32 tokens)", big, 1, 0, True),
+        ("a blurrier induction head (about 0.77 of its weight on the targets)",
+         _soft(32, 32), 1, 0, True),
+        ("the hand-built induction head L1H0 (vocabulary 24, 24 tokens)", small, 1, 0, True),
+        ("the previous-token head L0H0", big, 0, 0, False),
+        ("the head L1H1, which looks at earlier copies of the current token", big, 1, 1, False),
+        ("a head of an untrained model", untrained, 1, 0, False),
+    ]
+    for vocab_size, context_length, offset in ((32, 32, 12), (32, 32, 15), (32, 32, 16),
+                                               (24, 24, 11), (24, 24, 12)):
+        subjects.append((f"a positional head that always looks {offset - 1} tokens back "
+                         f"(context {context_length}): an induction head only when the copy "
+                         f"is {offset} tokens away", _positional(vocab_size, context_length,
+                                                                 offset), 1, 0, False))
+    return subjects
+
+
+@checker
+def check_is_induction_head(fn) -> None:
+    """Check the test ``fn(model, layer, head) -> bool`` on induction heads and look-alikes.
+
+    The look-alikes include positional heads that attend a fixed distance back: on sequences
+    whose copy always lies at that distance their induction score passes 0.5.
+
+    Taught in chapter 15 (Exercise 15.4).
+    """
+    with torch.random.fork_rng():  # building a model draws (then overwrites) random weights
+        subjects = _head_subjects()
+    for name, model, layer, head, expected in subjects:
+        with torch.random.fork_rng():
+            verdict = call(fn, model, layer, head)
+        if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
+            verdict = bool(verdict)
+        if not isinstance(verdict, bool):
+            fail("is_induction_head returns True or False", expected="a bool",
+                 actual=type(verdict).__name__, hint="return bool(score >= 0.5)")
+        if expected and not verdict:
+            fail(f"your test accepts {name}", expected=True, actual=False, hint=(
+                "score the head on sequences in which a segment repeats, with "
+                "model.vocab_size and model.context_length, and call it an induction head "
+                "when its induction score reaches 0.5 (a real head is not perfect)"))
+        if not expected and verdict:
+            hint = ("score the head on repeats at many different distances (a random offset "
+                    "for each sequence, as repeated_segments draws by default): a head that "
+                    "looks a fixed distance back then finds the target only when the copy "
+                    "happens to lie at that distance") if "positional" in name else (
+                "a head is an induction head when its weight goes to the token after an "
+                "earlier copy of the query's token; score exactly that, on repeated sequences")
+            fail(f"your test rejects {name}", expected=False, actual=True, hint=hint)
+    passed("your test tells induction heads from positional heads, previous-token heads and "
+           "duplicate-token heads: it scores them on repeats at distances that vary, the "
+           "control that a fixed offset lacks.")
+
+
+# --------------------------------------------------------------------------- exercise 15.5
 
 
 class _TimeNormGPT(TinyGPT):
@@ -203,8 +402,22 @@ class _MiddleLeakGPT(TinyGPT):
 
     def _forward(self, idx, kv_caches=None):
         logits, weights = super()._forward(idx, kv_caches)
+        if idx.size(1) <= 3:  # a shorter input has no token 3 to leak
+            return logits, weights
         leak = torch.zeros_like(logits)  # (B, T, V)
         leak[:, 0, 0] = 0.1 * idx[:, 3].to(logits.dtype)
+        return logits + leak, weights
+
+
+class _LastLeakGPT(TinyGPT):
+    """The second-to-last position also reads the last token: a leak at the other end."""
+
+    def _forward(self, idx, kv_caches=None):
+        logits, weights = super()._forward(idx, kv_caches)
+        if idx.size(1) < 2:
+            return logits, weights
+        leak = torch.zeros_like(logits)  # (B, T, V)
+        leak[:, -2, 1] = 0.1 * idx[:, -1].to(logits.dtype)
         return logits + leak, weights
 
 
@@ -224,7 +437,9 @@ def _models():
                            "token)", _TimeNormGPT),
                           ("each position sees the token after it", _PeekAheadGPT),
                           ("position 0 reads token 3 (a leak only from the middle)",
-                           _MiddleLeakGPT)):
+                           _MiddleLeakGPT),
+                          ("the second-to-last position reads the last token (a leak only "
+                           "at the end)", _LastLeakGPT)):
             torch.manual_seed(3)
             broken[name] = cls(*sizes, dtype=torch.float64).eval()
     return {"TinyGPT": healthy, "an attention-only TinyGPT": attention_only}, broken
@@ -234,10 +449,12 @@ def _models():
 def check_is_causal(fn) -> None:
     """Check the property test ``fn(model) -> bool``: True for causal models, False for leaky ones.
 
-    It is run on two healthy models and four broken ones, each with ``vocab_size`` and
-    ``context_length`` attributes and ``model(tokens) -> logits``.
+    It is run on two healthy models and five broken ones, each with ``vocab_size`` and
+    ``context_length`` attributes and ``model(tokens) -> logits``. Two of the leaks come from
+    one token only, one near the start and one at the end, so a test that changes some
+    tokens or compares some positions misses one of them.
 
-    Taught in chapter 15.
+    Taught in chapter 15 (Exercise 15.5).
     """
     hint = ("for every position p, change the token at p (e.g. to (token + 1) % vocab_size) "
             "and require the logits at positions 0 … p - 1 to stay the same; compare with "
@@ -256,5 +473,5 @@ def check_is_causal(fn) -> None:
         verdict = call(fn, model)
         expect_true(f"is_causal rejects a model with {name}", verdict is False,
                     expected=False, actual=verdict, hint=hint)
-    passed("your test accepts both healthy models and catches all four leaks, including the "
-           "one that only a change in the middle of the sequence reveals.")
+    passed("your test accepts both healthy models and catches all five leaks, including the "
+           "two that only one token, in the middle or at the end, reveals.")
