@@ -3,67 +3,31 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 from checker_asserts import assert_fails, assert_passes, unwritten
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-from attention_book import causal_mask, sliding_window_mask
+from attention_book import mods
 from attention_book.exercises import (
     check_chunked_attention_rule,
-    check_fixed_absorbed_attention,
-    check_sink_weights_prediction,
-    check_streaming_sink_mask,
+    check_flex_attention_with_sink,
+    check_relative_bias_mod,
+    check_window_tile_prediction,
 )
 
 
-@pytest.mark.parametrize("checker", [check_streaming_sink_mask, check_chunked_attention_rule,
-                                     check_sink_weights_prediction,
-                                     check_fixed_absorbed_attention])
+@pytest.mark.parametrize("checker", [check_chunked_attention_rule, check_relative_bias_mod,
+                                     check_window_tile_prediction,
+                                     check_flex_attention_with_sink])
 def test_a_blank_answer_says_it_is_not_written_yet(checker, capsys):
     assert checker(unwritten) is False
     assert "You have not written `unwritten` yet" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- 13.1
-
-
-def streaming_mask(num_tokens, window, num_sinks):
-    sinks = causal_mask(num_tokens) & (torch.arange(num_tokens) < num_sinks)
-    return sliding_window_mask(num_tokens, window) | sinks
-
-
-def test_streaming_mask_right_answer(capsys):
-    assert_passes(check_streaming_sink_mask, streaming_mask, capsys)
-
-
-def test_streaming_mask_sinks_seen_by_earlier_queries(capsys):
-    def leaky(num_tokens, window, num_sinks):
-        return sliding_window_mask(num_tokens, window) | (torch.arange(num_tokens) < num_sinks)
-
-    assert_fails(check_streaming_sink_mask, leaky, capsys, "future key", "causal mask")
-
-
-def test_streaming_mask_window_off_by_one(capsys):
-    def short(num_tokens, window, num_sinks):
-        sinks = causal_mask(num_tokens) & (torch.arange(num_tokens) < num_sinks)
-        return sliding_window_mask(num_tokens, max(window - 1, 1)) | sinks
-
-    assert_fails(check_streaming_sink_mask, short, capsys, "counts the query's own position")
-
-
-def test_streaming_mask_without_sinks(capsys):
-    def no_sinks(num_tokens, window, num_sinks):
-        return sliding_window_mask(num_tokens, window)
-
-    assert_fails(check_streaming_sink_mask, no_sinks, capsys, "first num_sinks keys stay visible")
-
-
-def test_streaming_mask_float(capsys):
-    assert_fails(check_streaming_sink_mask, lambda *a: streaming_mask(*a).float(), capsys, "boolean")
-
-
-# ----------------------------------------------------------------------------- 13.2
 
 
 def chunked_rule(chunk_size):
@@ -75,6 +39,14 @@ def chunked_rule(chunk_size):
 
 def test_chunked_rule_right_answer(capsys):
     assert_passes(check_chunked_attention_rule, chunked_rule, capsys)
+
+
+def test_chunked_rule_right_answer_works_in_flex_attention():
+    """The checker's grid and single-index calls stand for FlexAttention's: the same rule runs."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    vmapped = create_mask(chunked_rule(3), 1, 1, 8, 8, device="cpu")  # FlexAttention's vmap
+    assert torch.equal(vmapped, mods.materialize(chunked_rule(3), 1, 1, 8))
 
 
 def test_chunked_rule_not_causal(capsys):
@@ -103,77 +75,206 @@ def test_chunked_rule_returns_a_mask_not_a_rule(capsys):
                  "returns a rule")
 
 
+def test_chunked_rule_that_only_works_on_grids(capsys):
+    def grid_only(chunk_size):
+        def allowed(b, h, q_idx, kv_idx):
+            if q_idx.dim() == 0:
+                return torch.tensor(True)
+            return (kv_idx <= q_idx) & (q_idx // chunk_size == kv_idx // chunk_size)
+
+        return allowed
+
+    assert_fails(check_chunked_attention_rule, grid_only, capsys, "single pair")
+
+
+# ----------------------------------------------------------------------------- 13.2
+
+
+def relative_bias_mod(bias):
+    max_distance = bias.size(-1)
+
+    def biased(score, b, h, q_idx, kv_idx):
+        return score + bias[h, (q_idx - kv_idx).clamp(0, max_distance - 1)]
+
+    return biased
+
+
+def test_relative_bias_right_answer(capsys):
+    assert_passes(check_relative_bias_mod, relative_bias_mod, capsys)
+
+
+def test_relative_bias_right_answer_runs_in_flex_attention():
+    bias = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    query, key, value = torch.randn(3, 1, 2, 6, 4, generator=torch.Generator().manual_seed(1))
+    block_mask = create_block_mask(mods.causal, None, None, 6, 6, device="cpu")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        output = flex_attention(query, key, value, score_mod=relative_bias_mod(bias),
+                                block_mask=block_mask)
+    rows = torch.arange(6)
+    scores = query @ key.transpose(-2, -1) / 2 + bias[:, (rows[:, None] - rows).clamp(0, 2)]
+    scores = scores.masked_fill(rows[:, None] < rows, float("-inf"))
+    torch.testing.assert_close(output, torch.softmax(scores, -1) @ value)
+
+
+def test_relative_bias_without_clipping_the_far_keys(capsys):
+    def unclipped(bias):
+        return lambda score, b, h, q, k: score + bias[h, (q - k).clamp(min=0)]
+
+    assert_fails(check_relative_bias_mod, unclipped, capsys, "farther keys share the last column")
+
+
+def test_relative_bias_that_breaks_on_future_keys(capsys):
+    def future_unsafe(bias):
+        last = bias.size(-1) - 1
+        return lambda score, b, h, q, k: score + bias[h, (q - k).clamp(max=last)]
+
+    assert_fails(check_relative_bias_mod, future_unsafe, capsys, "keys in the future too",
+                 "clip the distance at 0")
+
+
+def test_relative_bias_with_the_distance_reversed(capsys):
+    def reversed_distance(bias):
+        last = bias.size(-1) - 1
+        return lambda score, b, h, q, k: score + bias[h, (k - q).clamp(0, last)]
+
+    assert_fails(check_relative_bias_mod, reversed_distance, capsys, "q_idx - kv_idx")
+
+
+def test_relative_bias_off_by_one(capsys):
+    def shifted(bias):
+        last = bias.size(-1) - 1
+        return lambda score, b, h, q, k: score + bias[h, (q - k - 1).clamp(0, last)]
+
+    assert_fails(check_relative_bias_mod, shifted, capsys, "match the reference")
+
+
+def test_relative_bias_python_min(capsys):
+    def python_min(bias):
+        last = bias.size(-1) - 1
+        return lambda score, b, h, q, k: score + bias[h, min(q - k, last)]
+
+    assert_fails(check_relative_bias_mod, python_min, capsys, "tensor operations only")
+
+
+def test_relative_bias_same_row_for_every_head(capsys):
+    def head_zero(bias):
+        last = bias.size(-1) - 1
+        return lambda score, b, h, q, k: score + bias[0, (q - k).clamp(0, last)]
+
+    assert_fails(check_relative_bias_mod, head_zero, capsys, "the head index h picks the row")
+
+
 # ----------------------------------------------------------------------------- 13.3
 
 
-def test_sink_prediction_right_answer(capsys):
-    assert_passes(check_sink_weights_prediction, lambda: ([3 / 9, 1 / 9, 1 / 9, 2 / 9], 2 / 9), capsys)
+def test_tile_prediction_right_answer(capsys):
+    assert_passes(check_window_tile_prediction, lambda: (26, 19), capsys)
 
 
-def test_sink_prediction_plain_softmax(capsys):
-    assert_fails(check_sink_weights_prediction, lambda: ([3 / 7, 1 / 7, 1 / 7, 2 / 7], 0.0), capsys,
-                 "sum to less than 1")
+@pytest.mark.parametrize(("answer", "phrase"), [
+    ((21, 14), "key tile i - 3"),
+    ((30, 12), "window of 300"),
+    ((26, 7), "you counted the full ones"),
+    ((26, 8), "far edge"),
+    ((26, 13), "tiles two back"),
+    ((26, 20), "a tile is full only when"),
+    ((32, 19), "no keys before 0"),
+    ((26.5, 19), "whole numbers"),
+    ((26,), "returns a pair"),
+])
+def test_tile_prediction_wrong_answers(answer, phrase, capsys):
+    assert_fails(check_window_tile_prediction, lambda: answer, capsys, phrase)
 
 
-def test_sink_prediction_wrong_share(capsys):
-    assert_fails(check_sink_weights_prediction, lambda: ([3 / 9, 1 / 9, 1 / 9, 2 / 9], 7 / 9), capsys,
-                 "sink's share")
+def test_tile_prediction_matches_the_package():
+    from attention_book import tile_plan
 
-
-def test_sink_prediction_sigmoid_gate(capsys):
-    gate = 1 / (1 + 2.0)  # sigmoid(-ln 2)
-    assert_fails(check_sink_weights_prediction,
-                 lambda: ([w * gate for w in (3 / 7, 1 / 7, 1 / 7, 2 / 7)], 1 - gate), capsys,
-                 "match the reference")
-
-
-def test_sink_prediction_not_a_pair(capsys):
-    assert_fails(check_sink_weights_prediction, lambda: [3 / 9, 1 / 9, 1 / 9, 2 / 9], capsys,
-                 "returns a pair")
+    plan = tile_plan(1024, 1024, 128, window=300)
+    assert (int((plan > 0).sum()), int((plan == 2).sum())) == (26, 19)
 
 
 # ----------------------------------------------------------------------------- 13.4
 
 
-def _absorbed(queries, latents, key_up, value_up, scale_dim=None, causal=True):
-    absorbed = queries @ key_up
-    latent_heads = latents.unsqueeze(1)
-    size = queries.size(-1) if scale_dim is None else scale_dim
-    scores = absorbed @ latent_heads.transpose(-2, -1) / math.sqrt(size)
-    if causal:
-        scores = scores.masked_fill(~causal_mask(scores.size(-1)), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ latent_heads @ value_up.transpose(-2, -1)
+def _flex(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(*args, **kwargs)
 
 
-def test_absorbed_right_answer(capsys):
-    assert_passes(check_fixed_absorbed_attention, _absorbed, capsys)
+def _flex_with_gate(gate_of, window_of=lambda window: window):
+    def answer(query, key, value, window, sink_logit):
+        num_tokens = query.size(-2)
+        block_mask = create_block_mask(mods.sliding_window(window_of(window)), None, None,
+                                       num_tokens, num_tokens, device="cpu")
+        output, aux = _flex(query, key, value, block_mask=block_mask,
+                            return_aux=AuxRequest(lse=True))
+        return output * gate_of(aux.lse, sink_logit)
+
+    return answer
 
 
-def test_absorbed_blog_bug_latent_scale(capsys):
-    def blog(queries, latents, key_up, value_up):
-        return _absorbed(queries, latents, key_up, value_up, scale_dim=key_up.size(-1))
-
-    assert_fails(check_fixed_absorbed_attention, blog, capsys, "1/sqrt(latent_dim)")
+def _right_gate(lse, sink):
+    return torch.sigmoid(lse - sink.view(1, -1, 1)).unsqueeze(-1)
 
 
-def test_absorbed_mask_dropped(capsys):
-    def no_mask(queries, latents, key_up, value_up):
-        return _absorbed(queries, latents, key_up, value_up, causal=False)
-
-    assert_fails(check_fixed_absorbed_attention, no_mask, capsys, "causal mask")
+def test_flex_sink_right_answer(capsys):
+    assert_passes(check_flex_attention_with_sink, _flex_with_gate(_right_gate), capsys)
 
 
-def test_absorbed_latent_context_returned(capsys):
-    def no_up(queries, latents, key_up, value_up):
-        absorbed = queries @ key_up
-        scores = absorbed @ latents.unsqueeze(1).transpose(-2, -1) / 2.0
-        return torch.softmax(scores, dim=-1) @ latents.unsqueeze(1)
+def test_flex_sink_deprecated_return_lse_also_passes(capsys):
+    def with_return_lse(query, key, value, window, sink_logit):
+        num_tokens = query.size(-2)
+        block_mask = create_block_mask(mods.sliding_window(window), None, None, num_tokens,
+                                       num_tokens, device="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            output, lse = flex_attention(query, key, value, block_mask=block_mask,
+                                         return_lse=True)
+        return output * torch.sigmoid(lse - sink_logit.view(1, -1, 1)).unsqueeze(-1)
 
-    assert_fails(check_fixed_absorbed_attention, no_up, capsys, "value_up")
+    assert_passes(check_flex_attention_with_sink, with_return_lse, capsys)
 
 
-def test_absorbed_other_error(capsys):
-    def no_scale(queries, latents, key_up, value_up):
-        return _absorbed(queries, latents, key_up, value_up, scale_dim=1)
+def test_flex_sink_without_a_gate(capsys):
+    assert_fails(check_flex_attention_with_sink, _flex_with_gate(lambda lse, sink: 1.0), capsys,
+                 "as if there were no sink")
 
-    assert_fails(check_fixed_absorbed_attention, no_scale, capsys, "match the reference")
+
+def test_flex_sink_as_a_fixed_sigmoid(capsys):
+    out = assert_fails(check_flex_attention_with_sink,
+                       _flex_with_gate(lambda lse, sink: torch.sigmoid(-sink).view(1, -1, 1, 1)),
+                       capsys, "sigmoid-of-the-sink bug", "log-sum-exp left out")
+    assert "13.4" in out
+
+
+def test_flex_sink_inverted_gate(capsys):
+    assert_fails(check_flex_attention_with_sink,
+                 _flex_with_gate(lambda lse, sink: torch.sigmoid(sink.view(1, -1, 1) - lse)
+                                 .unsqueeze(-1)), capsys, "the sink's own share")
+
+
+def test_flex_sink_log2_lse(capsys):
+    assert_fails(check_flex_attention_with_sink,
+                 _flex_with_gate(lambda lse, sink: torch.sigmoid(lse / math.log(2)
+                                                                 - sink.view(1, -1, 1))
+                                 .unsqueeze(-1)), capsys, "natural-log")
+
+
+def test_flex_sink_per_query_instead_of_per_head(capsys):
+    assert_fails(check_flex_attention_with_sink,
+                 _flex_with_gate(lambda lse, sink: torch.sigmoid(lse - sink[0]).unsqueeze(-1)),
+                 capsys, "that head's own sink")
+
+
+def test_flex_sink_window_off_by_one(capsys):
+    assert_fails(check_flex_attention_with_sink,
+                 _flex_with_gate(_right_gate, window_of=lambda window: window + 1), capsys,
+                 "the query's own included")
+
+
+def test_flex_sink_wrong_shape(capsys):
+    assert_fails(check_flex_attention_with_sink,
+                 lambda query, key, value, window, sink: query[..., 0], capsys,
+                 "(B, heads, T, head_dim)")

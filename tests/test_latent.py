@@ -1,4 +1,4 @@
-"""Chapter 13: multi-head latent attention (MLA), its latent cache and the weight-absorption trick."""
+"""Chapter 14: multi-head latent attention (MLA), its latent cache and the weight-absorption trick."""
 
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ Every mask of the gallery, and ALiBi and soft-capping as score rules, give the s
 through PyTorch's FlexAttention (eager, on this CPU build) as through the book's attention
 with the materialised mask, within 1e-5; the materialised masks equal PyTorch's own
 ``create_mask``; FlexAttention's backward pass raises ``NotImplementedError`` on the CPU,
-as the chapter says.
+as the chapter says. Building a block mask first materialises the whole (B, H, T, T) grid, and
+its partial and full tiles are ``tile_plan``'s; a ``score_mod`` receives the scaled score and
+runs on the pairs the mask blocks as well.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.nn.attention.flex_attention import (
     create_mask,
     flex_attention,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention_book as ab
 from attention_book import mods
@@ -120,3 +123,55 @@ def test_flex_attentions_backward_is_not_implemented_on_the_cpu(qkv):
     block_mask = create_block_mask(mods.causal, None, None, TOKENS, TOKENS, device="cpu")
     with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
         _flex(query, qkv[1], qkv[2], block_mask=block_mask).sum().backward()
+
+
+class _LargestTensor(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.entries = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for tensor in result if isinstance(result, (tuple, list)) else [result]:
+            if isinstance(tensor, torch.Tensor):
+                self.entries = max(self.entries, tensor.numel())
+        return result
+
+
+@pytest.mark.parametrize(("batch", "heads", "tokens"), [(None, None, 1024), (None, None, 300),
+                                                      (2, 3, 200)])
+def test_building_a_block_mask_materialises_the_whole_grid(batch, heads, tokens):
+    """Chapter 13 says create_block_mask evaluates the rule on every (b, h, q, k) first."""
+    with _LargestTensor() as largest:
+        create_block_mask(mods.sliding_window(64), batch, heads, tokens, tokens, device="cpu")
+    padded = math.ceil(tokens / 128) * 128  # the grid is padded to whole 128-token tiles
+    assert largest.entries == (batch or 1) * (heads or 1) * padded * padded
+
+
+@pytest.mark.parametrize(("tokens", "window"), [(2048, 512), (1024, 300), (1000, 129), (640, 1)])
+def test_block_mask_tiles_are_the_tile_plan(tokens, window):
+    """A block mask's partial and full tiles are tile_plan's masked and full tiles."""
+    block_mask = create_block_mask(mods.sliding_window(window), None, None, tokens, tokens,
+                                   device="cpu")
+    plan = ab.tile_plan(tokens, tokens, 128, window=window)
+    assert int(block_mask.kv_num_blocks.sum()) == int((plan == 2).sum())
+    assert int(block_mask.full_kv_num_blocks.sum()) == int((plan == 1).sum())
+
+
+def test_a_score_mod_sees_the_scaled_score_and_runs_on_blocked_pairs(qkv):
+    query, key, value = qkv
+    block_mask = create_block_mask(mods.causal, None, None, TOKENS, TOKENS, device="cpu")
+    scaled = query @ key.transpose(-2, -1) / math.sqrt(HEAD_DIM)  # (B, H, T, T)
+    seen = _flex(query, key, value, score_mod=lambda score, b, h, q, k: score * 0 + 1.0,
+                 block_mask=block_mask)
+    uniform = ab.softmax(torch.ones_like(scaled).masked_fill(~ab.causal_mask(TOKENS),
+                                                             float("-inf"))) @ value
+    torch.testing.assert_close(seen, uniform)
+    doubled = _flex(query, key, value, score_mod=lambda score, b, h, q, k: 2 * score,
+                    block_mask=block_mask)
+    expected = ab.softmax((2 * scaled).masked_fill(~ab.causal_mask(TOKENS), float("-inf"))) @ value
+    torch.testing.assert_close(doubled, expected, rtol=0, atol=1e-5)
+    table = torch.zeros(3)  # one number per distance 0, 1, 2: out of range for future keys
+    with pytest.raises(IndexError):
+        _flex(query, key, value, score_mod=lambda score, b, h, q, k: score + table[q - k],
+              block_mask=block_mask)

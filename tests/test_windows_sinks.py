@@ -1,4 +1,5 @@
-"""Chapter 13: the sliding-window mask, the sink softmax, and both in the tiled kernel and the layers."""
+"""Chapter 13: the sliding-window mask, the sink softmax (also as a gate on the log-sum-exp),
+and both in the tiled kernel and the layers."""
 
 from __future__ import annotations
 
@@ -318,3 +319,46 @@ def test_a_cache_of_keys_only_holds_one_tensor():
         mixed.update(torch.ones(1, 1, 1, 4))
     with pytest.raises(TypeError, match="the cache stores torch.float32"):
         mixed.update(torch.ones(1, 1, 1, 3, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- the sink as a gate
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), keys=st.integers(1, 9), seed=st.integers(0, 10_000),
+       sink=st.floats(-6.0, 6.0), shift=st.floats(-10.0, 10.0))
+def test_the_sink_is_a_gate_sigmoid_lse_minus_sink_on_the_softmax(rows, keys, seed, sink, shift):
+    """Chapter 13: softmax_with_sink(x, s) = softmax(x) * sigmoid(logsumexp(x) - s), row by row."""
+    generator = torch.Generator().manual_seed(seed)
+    scores = (3 * torch.randn(rows, keys, generator=generator) + shift).double()
+    gate = torch.sigmoid(torch.logsumexp(scores, dim=-1, keepdim=True) - sink)
+    torch.testing.assert_close(softmax_with_sink(scores, sink), ab.softmax(scores) * gate)
+
+
+@pytest.mark.parametrize(("tokens", "window"), [(9, 4), (12, 1), (7, 7)])
+def test_flex_attentions_lse_gives_it_a_sink(tokens, window):
+    """FlexAttention's log-sum-exp (natural log, over the scaled scores) gates its output into
+    the windowed attention with a sink per head; the sigmoid of the sink alone does not."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+    from attention_book import mods
+
+    generator = torch.Generator().manual_seed(tokens)
+    query, key, value = (2 * torch.randn(2, 3, tokens, 8, generator=generator) for _ in range(3))
+    sinks = torch.tensor([-1.0, 0.5, 2.0])
+    block_mask = create_block_mask(mods.sliding_window(window), None, None, tokens, tokens,
+                                   device="cpu")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        output, aux = flex_attention(query, key, value, block_mask=block_mask,
+                                     return_aux=AuxRequest(lse=True))
+    mask = sliding_window_mask(tokens, window)
+    scores = (query @ key.transpose(-2, -1) / math.sqrt(8)).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(aux.lse, torch.logsumexp(scores, dim=-1))
+    expected, _ = ab.scaled_dot_product_attention(query, key, value, mask, sink_logit=sinks)
+    gated = output * torch.sigmoid(aux.lse - sinks.view(1, 3, 1)).unsqueeze(-1)
+    torch.testing.assert_close(gated, expected, rtol=0, atol=1e-5)
+    fixed = output * torch.sigmoid(-sinks).view(1, 3, 1, 1)
+    assert not torch.allclose(fixed, expected, atol=1e-3)

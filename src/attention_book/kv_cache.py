@@ -6,7 +6,7 @@ When a decoder generates text, step ``t`` needs the keys and values of tokens
 attends over what is stored. :class:`attention_book.MultiHeadAttention` and
 :class:`attention_book.GroupedQueryAttention` accept one through
 ``forward(x, kv_cache=cache)``; so does
-:class:`attention_book.latent.MultiHeadLatentAttention` (chapter 13), which
+:class:`attention_book.latent.MultiHeadLatentAttention` (chapter 14), which
 stores one latent vector per token in place of a key and a value.
 
 This module imports only the functional core.
@@ -43,7 +43,7 @@ class KVCache:
         the bytes of its two buffers (of its one buffer when it stores keys only,
         as multi-head latent attention does).
 
-    Taught in chapter 10 (a cache of keys only, for a latent, in chapter 13).
+    Taught in chapter 10 (a cache of keys only, for a latent, in chapter 14).
     """
 
     def __init__(self, max_length: int):

@@ -12,7 +12,7 @@ latents directly (the *absorbed* form): the score of head ``h``,
 ``forward(..., absorb=True)`` computes that way and gives the same output.
 
 DeepSeek's decoupled RoPE (a few extra rotated query and key features, the key part
-shared by the heads and cached beside the latent) is explained in chapter 13 and
+shared by the heads and cached beside the latent) is explained in chapter 14 and
 not built here: this layer has no positions of its own.
 
 This module imports the functional core, the cache and the layers' helpers.
@@ -72,7 +72,7 @@ class MultiHeadLatentAttention(nn.Module):
         ``forward`` returns the output, or ``(output, weights)`` when
         ``return_weights=True``; ``forward(x_new, kv_cache=cache)`` decodes.
 
-    Taught in chapter 13.
+    Taught in chapter 14.
     """
 
     def __init__(

@@ -23,4 +23,5 @@ from .ch10 import *  # noqa: F403
 from .ch11 import *  # noqa: F403
 from .ch12 import *  # noqa: F403
 from .ch13 import *  # noqa: F403
+from .ch14 import *  # noqa: F403
 from .ch15 import *  # noqa: F403
