@@ -24,3 +24,4 @@ from .ch11 import *  # noqa: F403
 from .ch12 import *  # noqa: F403
 from .ch13 import *  # noqa: F403
 from .ch15 import *  # noqa: F403
+from .ch17 import *  # noqa: F403
