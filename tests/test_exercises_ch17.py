@@ -12,8 +12,8 @@ from checker_asserts import assert_fails, assert_passes, unwritten
 from attention_book.distributed import LAYOUTS, simulate_ring_attention
 from attention_book.exercises import (
     check_bytes_sent_per_rank,
+    check_fold_block,
     check_matches_whole_sequence,
-    check_merge_partials,
     check_predicted_busiest_pairs,
     check_striped_positions,
 )
@@ -84,7 +84,7 @@ def test_bytes_unwritten(capsys):
 
 def test_prediction_right(capsys):
     out = assert_passes(check_predicted_busiest_pairs, lambda: (512, 272), capsys)
-    assert "1.88 times less work" in out
+    assert "by 1.88" in out
 
 
 @pytest.mark.parametrize(("value", "phrase"), [
@@ -111,6 +111,8 @@ def striped_right(seq_len, world_size, rank):
 
 def test_striped_right(capsys):
     assert_passes(check_striped_positions, striped_right, capsys)
+    pairs = [int((striped_right(16, 4, rank) + 1).sum()) for rank in range(4)]
+    assert pairs == [28 + 4 * rank for rank in range(4)]  # what the message says: r * T / P more
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
@@ -134,55 +136,53 @@ def test_striped_unwritten(capsys):
                  "You have not written `striped_positions` yet", sections=())
 
 
-# --- 17.4 merge two partial results ------------------------------------------------------------
+# --- 17.4 the ring's step: fold one block into the running result -----------------------------
 
 
-def merge_right(out_a, lse_a, out_b, lse_b):
-    lse = torch.logaddexp(lse_a, lse_b)
-    shift = torch.where(torch.isfinite(lse), lse, 0.0)
-    weight_a = torch.exp(lse_a - shift).unsqueeze(-1)
-    weight_b = torch.exp(lse_b - shift).unsqueeze(-1)
-    return out_a * weight_a + out_b * weight_b, lse
+def _fold(mask="positions", safe=True, merge="right"):
+    def fold_block(out, lse, query, query_positions, key, value, key_positions):
+        scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+        if mask == "positions":
+            future = key_positions[None, :] > query_positions[:, None]
+        elif mask == "indices":
+            future = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
+        else:
+            future = torch.zeros(scores.shape[-2:], dtype=torch.bool)
+        scores = scores.masked_fill(future, float("-inf"))
+        block_lse = torch.logsumexp(scores, dim=-1)
+        new_lse = torch.logaddexp(lse, block_lse)
+        shift = torch.where(torch.isfinite(new_lse), new_lse, 0.0) if safe else new_lse
+        if merge == "average":
+            block_shift = torch.where(torch.isfinite(block_lse), block_lse, 0.0)
+            block_out = torch.exp(scores - block_shift.unsqueeze(-1)) @ value
+            return (out + block_out) / 2, new_lse
+        weights = torch.exp(scores - shift.unsqueeze(-1))
+        return out * torch.exp(lse - shift).unsqueeze(-1) + weights @ value, new_lse
+
+    return fold_block
 
 
-def merge_no_shift(out_a, lse_a, out_b, lse_b):
-    lse = torch.logaddexp(lse_a, lse_b)
-    return (out_a * torch.exp(lse_a - lse).unsqueeze(-1)
-            + out_b * torch.exp(lse_b - lse).unsqueeze(-1)), lse
-
-
-def merge_raw_exp(out_a, lse_a, out_b, lse_b):
-    total = torch.exp(lse_a) + torch.exp(lse_b)
-    out = (out_a * torch.exp(lse_a).unsqueeze(-1) + out_b * torch.exp(lse_b).unsqueeze(-1))
-    return out / total.unsqueeze(-1), torch.log(total)
-
-
-def merge_max_lse(out_a, lse_a, out_b, lse_b):
-    out, _ = merge_right(out_a, lse_a, out_b, lse_b)
-    return out, torch.maximum(lse_a, lse_b)
-
-
-def test_merge_right(capsys):
-    assert_passes(check_merge_partials, merge_right, capsys)
+def test_fold_right(capsys):
+    assert_passes(check_fold_block, _fold(), capsys)
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
-    (lambda oa, la, ob, lb: ((oa + ob) / 2, torch.logaddexp(la, lb)), "the average of the two"),
-    (merge_raw_exp, "nothing overflows, even near 1000"),
-    (merge_max_lse, "the larger of the two"),
-    (merge_no_shift, "Subtract a shift that is 0"),
-    (lambda oa, la, ob, lb: merge_right(oa, la, ob, lb)[0], "returns (out, lse)"),
+    (_fold(safe=False), "exp(-inf - (-inf)) is NaN"),
+    (_fold(mask="none"), "mask the scores where key_positions"),
+    (_fold(mask="indices"), "never from the indices"),
+    (_fold(merge="average"), "Keep the running result normalised"),
+    (lambda *args: _fold()(*args)[0], "returns (out, lse)"),
 ])
-def test_merge_wrong(answer, phrase, capsys):
-    assert_fails(check_merge_partials, answer, capsys, phrase)
+def test_fold_wrong(answer, phrase, capsys):
+    assert_fails(check_fold_block, answer, capsys, phrase)
 
 
-def test_merge_unwritten(capsys):
-    def merge_partials(out_a, lse_a, out_b, lse_b):
+def test_fold_unwritten(capsys):
+    def fold_block(out, lse, query, query_positions, key, value, key_positions):
         raise NotImplementedError()
 
-    assert_fails(check_merge_partials, merge_partials, capsys,
-                 "You have not written `merge_partials` yet", sections=())
+    assert_fails(check_fold_block, fold_block, capsys, "You have not written `fold_block` yet",
+                 sections=())
 
 
 # --- 17.5 a property test for sharded attention ------------------------------------------------

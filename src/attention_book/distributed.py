@@ -33,6 +33,7 @@ import math
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -118,12 +119,26 @@ def _write_result(path: Path, status: tuple) -> None:
     os.replace(partial, path)
 
 
+def _loopback_interface() -> str | None:
+    """The name of the loopback network interface ("lo" on Linux, "lo0" on macOS), if any."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (AttributeError, OSError):  # not every platform lists its interfaces
+        return None
+    return next((name for name in names if name.startswith("lo")), None)
+
+
 def _rank_main(header: dict) -> None:
     """Body of a rank process: join the gloo group, run ``fn``, write the outcome, exit."""
     result_path = Path(header["result_path"])
     exit_code = 0
     try:
         torch.set_num_threads(1)  # P processes share the machine's cores
+        # Gloo binds to the address of the machine's host name unless told otherwise; the
+        # ranks all live here, so keep their connections on 127.0.0.1.
+        loopback = _loopback_interface()
+        if loopback is not None and "GLOO_SOCKET_IFNAME" not in os.environ:
+            os.environ["GLOO_SOCKET_IFNAME"] = loopback
         fn, args = pickle.loads(header["payload"])
         timeout = datetime.timedelta(seconds=header["group_timeout"])
         store = dist.TCPStore("127.0.0.1", header["port"], is_master=False, timeout=timeout)

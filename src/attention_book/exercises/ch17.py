@@ -1,6 +1,6 @@
 """Checkers for chapter 17's exercises: the bytes each method sends with grouped-query
-attention, the causal work of the busiest rank (a prediction), a striped layout, the ring's
-merge step in log-sum-exp form, and a property test for sharded attention.
+attention, the causal work of the busiest rank (a prediction), a striped layout, the ring's step
+that folds one block into the running result, and a property test for sharded attention.
 
 None of them starts a process: the ranks are simulated in a loop where one is needed.
 
@@ -22,7 +22,7 @@ __all__ = [
     "check_bytes_sent_per_rank",
     "check_predicted_busiest_pairs",
     "check_striped_positions",
-    "check_merge_partials",
+    "check_fold_block",
     "check_matches_whole_sequence",
 ]
 
@@ -170,8 +170,8 @@ def check_predicted_busiest_pairs(fn) -> None:
     prediction = tuple(int(value) for value in prediction)
     if prediction == expected:
         passed(f"the busiest rank computes {expected[0]} scores with contiguous shards and "
-               f"{expected[1]} with zig-zag ones: the slowest rank, which every step waits for, "
-               f"does {expected[0] / expected[1]:.2f} times less work.")
+               f"{expected[1]} with zig-zag ones: zig-zag divides the work of the rank that the "
+               f"others wait for by {expected[0] / expected[1]:.2f}.")
         return
     prop = "your prediction equals the scores the busiest rank computes"
     useful = (_busiest_pairs(64, 8, "contiguous", True), _busiest_pairs(64, 8, "zigzag", True))
@@ -250,42 +250,66 @@ def check_striped_positions(fn) -> None:
              hint="With T = 10 and P = 4 the ranks would hold 3, 3, 2 and 2 positions: raise "
                   "ValueError naming T and world_size instead.")
     passed("position t goes to rank t mod P. With a causal mask every rank now holds early and "
-           "late positions alike, so the work is balanced without cutting chunks.")
+           "late positions alike, so the work is nearly balanced: rank r computes only "
+           "r * T / P pairs more than rank 0.")
 
 
-# --------------------------------------------------------------------------- 17.4 merge
+# --------------------------------------------------------------------------- 17.4 the ring's step
 
 
-def _partial(query, key, value, mask=None):
-    """Normalised output and log-sum-exp of ``query`` over one block of keys."""
-    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (..., T_q, T_k)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # (..., T_q)
-    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    return torch.exp(scores - safe.unsqueeze(-1)) @ value, lse  # (..., T_q, d_v), (..., T_q)
+def _empty_state(batch_heads_queries: tuple[int, int, int], d_v: int):
+    """A rank's running result before any key: output 0, log-sum-exp -inf."""
+    return (torch.zeros(*batch_heads_queries, d_v, dtype=torch.float64),
+            torch.full(batch_heads_queries, float("-inf"), dtype=torch.float64))
 
 
-def _unpack_merge(result, shapes, label):
+def _ring_with_step(fn, query, key, value, world_size, layout):
+    """Run a causal ring in one process with the learner's step; the whole output and lse."""
+    seq_len = query.size(-2)
+    outputs, sums = [], []
+    for rank in range(world_size):
+        mine = shard_positions(seq_len, world_size, rank, layout)
+        out, lse = _empty_state((*query.shape[:2], mine.numel()), value.size(-1))
+        for step in range(world_size):
+            theirs = shard_positions(seq_len, world_size, (rank - step) % world_size, layout)
+            result = call(fn, out, lse, query[..., mine, :], mine, key[..., theirs, :],
+                          value[..., theirs, :], theirs)
+            out, lse = _unpack_step(result, out.shape, lse.shape,
+                                    f"rank {rank}, step {step} of a {layout} ring")
+        outputs.append(out)
+        sums.append(lse.unsqueeze(-1))
+    return unshard(outputs, layout), unshard(sums, layout).squeeze(-1)
+
+
+def _unpack_step(result, out_shape, lse_shape, label):
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        fail(f"merge_partials returns (out, lse) for {label}", expected="a tuple (out, lse)",
+        fail(f"fold_block returns (out, lse) at {label}", expected="a tuple (out, lse)",
              actual=type(result).__name__, hint="return out, lse")
-    for name, tensor, shape in zip(("out", "lse"), result, shapes, strict=True):
-        expect_shape(f"{name} of the merged result for {label}", tensor, shape,
-                     hint="out keeps the shape (..., T_q, d_v) of the parts, lse (..., T_q).")
+    for name, tensor, shape in zip(("out", "lse"), result, (out_shape, lse_shape), strict=True):
+        expect_shape(f"{name} after {label}", tensor, shape,
+                     hint="out keeps the shape (B, H, T_q, d_v) of the running output and lse "
+                          "the shape (B, H, T_q); fold the block in without changing them.")
     return result
 
 
-@checker
-def check_merge_partials(fn) -> None:
-    """Check ``fn(out_a, lse_a, out_b, lse_b)`` merges two partial attention results.
+def _causal_reference(query, key, value):
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (B, H, T, T)
+    future = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
+    return (F.scaled_dot_product_attention(query, key, value, is_causal=True),
+            torch.logsumexp(scores.masked_fill(future, float("-inf")), dim=-1))
 
-    Each part is the normalised output over one block of keys and each query's log-sum-exp
-    over that block; the merge must be the output and log-sum-exp over both blocks, also for
-    scores near 1000 and for a part in which a query saw no key (``lse = -inf``, ``out = 0``).
+
+@checker
+def check_fold_block(fn) -> None:
+    """Check ``fn(out, lse, query, query_positions, key, value, key_positions)``, one ring step.
+
+    It folds one block of keys and values into a rank's running result ``(out, lse)`` under
+    a causal mask by true positions; it must start from an empty result (``out = 0``,
+    ``lse = -inf``), leave rows that see no key of the block unchanged (no NaN), and make a
+    zig-zag ring equal to attention over the whole sequence, also for scores near 1000.
 
     Args:
-        fn: the learner's ``merge_partials``.
+        fn: the learner's ``fold_block``.
 
     Returns:
         True when every case is right (the decorator prints the feedback).
@@ -293,59 +317,72 @@ def check_merge_partials(fn) -> None:
     Taught in chapter 17.
     """
     torch.manual_seed(0)
-    query = torch.randn(2, 3, 4, 8, dtype=torch.float64)  # (B, H, T_q, d)
-    key = torch.randn(2, 3, 10, 8, dtype=torch.float64)  # (B, H, T_k, d)
-    value = torch.randn(2, 3, 10, 5, dtype=torch.float64)  # (B, H, T_k, d_v)
-    shapes = ((2, 3, 4, 5), (2, 3, 4))
-    for scale, label in ((1.0, "two blocks of 4 and 6 keys"), (300.0, "scores near 1000")):
-        part_a = _partial(query * scale, key[..., :4, :], value[..., :4, :])
-        part_b = _partial(query * scale, key[..., 4:, :], value[..., 4:, :])
-        expected_out, expected_lse = _partial(query * scale, key, value)
-        out, lse = _unpack_merge(call(fn, *part_a, *part_b), shapes, label)
-        if torch.allclose(out, (part_a[0] + part_b[0]) / 2):
-            fail(f"out is the attention output over all 10 keys ({label})",
-                 expected="the softmax over all 10 scores, times the values",
-                 actual="the average of the two parts",
-                 hint="A part whose scores are larger deserves more weight: weigh each part by "
-                      "exp(lse_part - lse), where lse is the log-sum-exp over both parts.")
-        expect_true(f"out is the attention output over all 10 keys ({label})",
-                    bool(torch.isfinite(out).all()) and torch.allclose(out, expected_out,
-                                                                      atol=1e-8, rtol=1e-8),
-                    expected="the softmax over all 10 scores, times the values",
-                    actual="NaN, inf or other values",
-                    hint="Weigh part a by exp(lse_a - lse) and part b by exp(lse_b - lse): "
-                         "both factors lie in [0, 1], so nothing overflows, even near 1000.")
-        expect_true(f"lse is the log-sum-exp over all 10 keys ({label})",
-                    torch.allclose(lse, expected_lse, atol=1e-8, rtol=1e-8),
-                    expected="log(exp(lse_a) + exp(lse_b)), computed stably",
-                    actual="another value" if not torch.allclose(
-                        lse, torch.maximum(part_a[1], part_b[1])) else "the larger of the two",
-                    hint="The log-sum-exp of the union adds the parts' sums: "
-                         "torch.logaddexp(lse_a, lse_b), which never overflows.")
-    # Row 0 of query block a sees no key of block a (its keys lie in its future).
-    mask = torch.ones(4, 4, dtype=torch.bool)
-    mask[0] = False
-    part_a = _partial(query, key[..., :4, :], value[..., :4, :], mask)
-    part_b = _partial(query, key[..., 4:, :], value[..., 4:, :])
-    out, lse = _unpack_merge(call(fn, *part_a, *part_b), shapes, "a query that saw no key")
-    expected_out, _ = _partial(query, key, value,
-                               torch.cat([mask, torch.ones(4, 6, dtype=torch.bool)], dim=1))
-    expect_true("a part where a query saw no key (lse = -inf, out = 0) adds nothing",
-                bool(torch.isfinite(out).all()) and torch.allclose(out, expected_out,
-                                                                  atol=1e-8, rtol=1e-8),
-                expected="the other part's output for that query", actual="NaN or other values",
-                hint="exp(-inf - lse) is 0 when lse is finite: a part with lse = -inf must get "
-                     "the weight 0.")
-    empty = (torch.zeros(2, 3, 4, 5, dtype=torch.float64),
-             torch.full((2, 3, 4), float("-inf"), dtype=torch.float64))
-    out, lse = _unpack_merge(call(fn, *empty, *empty), shapes, "two parts with no key")
-    expect_true("two parts with no key merge into out = 0, lse = -inf, without NaN",
-                bool((out == 0).all() and torch.isneginf(lse).all()),
+    query, key, value = (torch.randn(2, 3, 16, 4, dtype=torch.float64) for _ in range(3))
+    normalised = ("Keep the running result normalised: with lse_new = logaddexp(lse, logsumexp "
+                  "of the block's masked scores), the old output weighs exp(lse - lse_new) and "
+                  "each new key exp(score - lse_new).")
+    positions = torch.arange(16)
+    out, lse = _unpack_step(call(fn, *_empty_state((2, 3, 16), 4), query, positions, key,
+                                 value, positions), (2, 3, 16, 4), (2, 3, 16),
+                            "one block of the whole sequence")
+    expected_out, expected_lse = _causal_reference(query, key, value)
+    if torch.allclose(out, F.scaled_dot_product_attention(query, key, value), atol=1e-8):
+        fail("the block is masked causally by position", expected="causal attention",
+             actual="attention without a mask",
+             hint="A query at position p may see a key at position t only when t <= p: mask "
+                  "the scores where key_positions[None, :] > query_positions[:, None].")
+    expect_true("one block of the whole sequence gives causal attention and its log-sum-exp",
+                torch.allclose(out, expected_out, atol=1e-8)
+                and torch.allclose(lse, expected_lse, atol=1e-8),
+                expected="F.scaled_dot_product_attention(..., is_causal=True) and the "
+                         "log-sum-exp of the masked scores", actual="other values",
+                hint="Scale the scores by 1 / sqrt(d) and mask the future. " + normalised)
+    early, middle, late = torch.arange(0, 4), torch.arange(4, 8), torch.arange(12, 16)
+    out, _ = _unpack_step(call(fn, *_empty_state((2, 3, 4), 4), query[..., middle, :], middle,
+                               key[..., early, :], value[..., early, :], early),
+                          (2, 3, 4, 4), (2, 3, 4), "a block of earlier positions")
+    expect_true("queries at positions 4-7 see every key of a block at positions 0-3",
+                torch.allclose(out, F.scaled_dot_product_attention(
+                    query[..., middle, :], key[..., early, :], value[..., early, :]), atol=1e-8),
+                expected="attention over all 4 keys, without a mask", actual="other values",
+                hint="Build the mask from query_positions and key_positions, never from the "
+                     "indices of the rows and columns: a block from another rank does not start "
+                     "at your queries' positions, and zig-zag shards are not even in order.")
+    out, lse = _unpack_step(call(fn, *_empty_state((2, 3, 4), 4), query[..., early, :], early,
+                                 key[..., late, :], value[..., late, :], late),
+                            (2, 3, 4, 4), (2, 3, 4), "a block wholly in the future")
+    expect_true("folding a block wholly in the future into the empty result keeps it empty, "
+                "without NaN", bool((out == 0).all() and torch.isneginf(lse).all()),
                 expected="out = 0 and lse = -inf", actual="NaN or other values",
-                hint="When both lse are -inf, lse - lse is NaN. Subtract a shift that is 0 where "
-                     "the merged lse is -inf: torch.where(torch.isfinite(lse), lse, 0.0).")
-    passed("two partial results merge by their log-sum-exps, stably and in any order: each "
-           "step of the ring folds one arriving block into the running (out, lse) this way.")
+                hint="Before the first visible key every lse is -inf, and exp(-inf - (-inf)) is "
+                     "NaN. Measure every exponent from a shift that is 0 where the new lse is "
+                     "-inf: torch.where(torch.isfinite(lse), lse, 0.0).")
+    for scale, label in ((1.0, ""), (300.0, " with scores near 1000")):
+        for layout in ("contiguous", "zigzag"):
+            out, lse = _ring_with_step(fn, query * scale, key, value, 4, layout)
+            expected_out, expected_lse = _causal_reference(query * scale, key, value)
+            expect_true(f"a causal {layout} ring of 4 ranks equals attention on one "
+                        f"device{label}",
+                        bool(torch.isfinite(out).all()) and torch.allclose(out, expected_out,
+                                                                           atol=1e-8)
+                        and torch.allclose(lse, expected_lse, atol=1e-8),
+                        expected="causal attention of the whole sequence, and its log-sum-exp",
+                        actual="NaN or other values",
+                        hint="Both factors, exp(lse - lse_new) and exp(score - lse_new), are at "
+                             "most 1, so nothing overflows even near 1000. " + normalised)
+    start = (torch.randn(2, 3, 4, 4, dtype=torch.float64), torch.randn(2, 3, 4,
+                                                                      dtype=torch.float64))
+    out, lse = _unpack_step(call(fn, *start, query[..., early, :], early, key[..., late, :],
+                                 value[..., late, :], late), (2, 3, 4, 4), (2, 3, 4),
+                            "a block wholly in the future")
+    expect_true("a block wholly in the future leaves a running result unchanged",
+                torch.allclose(out, start[0]) and torch.allclose(lse, start[1]),
+                expected="the same out and lse", actual="a changed result",
+                hint="Every score of such a block is masked to -inf, so it adds exp(-inf) = 0 "
+                     "to every row: the result must not move.")
+    passed("your step folds any block into the running result, from an empty start, with rows "
+           "that see nothing and with scores near 1000: a zig-zag ring built on it equals "
+           "attention on one device.")
 
 
 # --------------------------------------------------------------------------- 17.5 property test
