@@ -8,6 +8,7 @@ ranks. Two more starts of 2 ranks test run_on_ranks itself: a failing rank and a
 from __future__ import annotations
 
 import os
+import pickle
 import time
 
 import pytest
@@ -278,6 +279,17 @@ def test_functions_the_ranks_cannot_import_are_refused_before_anything_starts():
 
 
 # ---------------------------------------------------------------- run_on_ranks itself
+
+
+def test_a_result_that_cannot_be_pickled_becomes_an_error_outcome():
+    from attention_book.distributed import _outcome_bytes
+
+    data, ok = _outcome_bytes(("ok", lambda: None))
+    status = pickle.loads(data)
+    assert not ok and status[0] == "error"
+    assert status[1].startswith("the result of fn could not be pickled")
+    data, ok = _outcome_bytes(("ok", torch.ones(2)))
+    assert ok and torch.equal(pickle.loads(data)[1], torch.ones(2))
 
 
 def _record_pid(folder: str, rank: int) -> None:

@@ -107,16 +107,29 @@ def _check_spawnable(fn: object) -> None:
         )
 
 
-def _write_result(path: Path, status: tuple) -> None:
-    """Write a rank's outcome atomically (the parent reads only complete files)."""
-    partial = path.with_suffix(".partial")
+def _outcome_bytes(status: tuple) -> tuple[bytes, bool]:
+    """Pickle a rank's outcome; a result that cannot be pickled becomes an error outcome.
+
+    Returns the bytes and whether the outcome is a success.
+    """
     try:
-        data = pickle.dumps(status)
+        return pickle.dumps(status), status[0] == "ok"
     except Exception:  # noqa: BLE001 - an unpicklable result becomes a readable error
-        data = pickle.dumps(("error", "the result of fn could not be pickled:\n"
-                             + traceback.format_exc(), time.monotonic()))
+        error = ("error", "the result of fn could not be pickled:\n" + traceback.format_exc(),
+                 time.monotonic())
+        return pickle.dumps(error), False
+
+
+def _write_result(path: Path, status: tuple) -> bool:
+    """Write a rank's outcome atomically (the parent reads only complete files).
+
+    Returns whether the outcome written is a success.
+    """
+    data, ok = _outcome_bytes(status)
+    partial = path.with_suffix(".partial")
     partial.write_bytes(data)
     os.replace(partial, path)
+    return ok
 
 
 def _loopback_interface() -> str | None:
@@ -147,7 +160,7 @@ def _rank_main(header: dict) -> None:
         Path(header["started_path"]).touch()  # every rank has joined: fn starts now
         result = fn(header["rank"], header["world_size"], *args)
         dist.destroy_process_group()
-        _write_result(result_path, ("ok", result))
+        exit_code = 0 if _write_result(result_path, ("ok", result)) else 1
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent
         exit_code = 1
         _write_result(result_path, ("error", traceback.format_exc(), time.monotonic()))
@@ -276,8 +289,7 @@ def _wait_for_ranks(fn, processes, logs, results, started, timeout, start_timeou
             _stop(processes)
             raise _rank_failure(name, world_size, logs, results, processes)
         if first_failure is None and all(code == 0 for code in codes):
-            outcomes = [pickle.loads(path.read_bytes()) for path in results]
-            return [outcome[1] for outcome in outcomes]
+            return [pickle.loads(path.read_bytes())[1] for path in results]
         if first_failure is None and now > deadline:
             _stop(processes)
             waiting = [rank for rank, code in enumerate(codes) if code is None]
