@@ -25,3 +25,4 @@ from .ch12 import *  # noqa: F403
 from .ch13 import *  # noqa: F403
 from .ch14 import *  # noqa: F403
 from .ch15 import *  # noqa: F403
+from .ch17 import *  # noqa: F403
