@@ -61,8 +61,13 @@
   }
   function start() {
     markScrollers();
+    // Whatever changes what is wide: the window, the column (the sidebar hidden or shown),
+    // new content (MathJax, bertviz, the widgets), a fold opened, the last font or image.
     window.addEventListener("resize", soon);
+    window.addEventListener("load", soon);
+    document.addEventListener("toggle", soon, true);
     const main = document.querySelector("main") || document.body;
+    new ResizeObserver(soon).observe(main);
     new MutationObserver(mutations => {
       // Our own class changes are attribute mutations: only new content counts.
       if (mutations.some(m => m.type === "childList")) { soon(); }

@@ -143,25 +143,29 @@ def _collect(fig, renderer) -> list[_Item]:
     items: list[_Item] = []
     serial = iter(range(10**9))
 
-    def add_text(text, label, kind, group, axes):
+    def add_text(text, label, kind, group, axes, owner=""):
         if not _drawn(text, renderer):
             return
         corners = _text_corners(text, renderer)
         if corners is not None:
-            items.append(_Item(f'{label} "{_readable(text.get_text())}"', corners, kind, group,
-                               axes))
+            where = f" of {owner}" if owner else ""
+            items.append(_Item(f'{label} "{_readable(text.get_text())}"{where}', corners, kind,
+                               group, axes))
 
     def add_legend(legend, owner, axes):
         if legend is None or not legend.get_visible():
             return
         box = legend.get_window_extent(renderer)
-        items.append(_Item(f"the legend of {owner}", _rectangle(box.x0, box.y0, box.x1, box.y1),
+        where = f" of {owner}" if owner else ""
+        items.append(_Item(f"the legend{where}", _rectangle(box.x0, box.y0, box.x1, box.y1),
                            "free", ("free", next(serial)), axes))
 
+    shown = [ax for ax in fig.axes if ax.get_visible()]
     for index, ax in enumerate(fig.axes):
         if not ax.get_visible():
             continue
-        name = _axes_name(ax, index)
+        # With one panel, the error's first line names it (the figure's title) already.
+        name = _axes_name(ax, index) if len(shown) > 1 else ""
         for letter, axis in (("x", getattr(ax, "xaxis", None)), ("y", getattr(ax, "yaxis", None))):
             if axis is None or not axis.get_visible():
                 continue
@@ -171,15 +175,15 @@ def _collect(fig, renderer) -> list[_Item]:
                 ticks = axis.get_major_ticks() + axis.get_minor_ticks()
             for tick in ticks:
                 for side, label in (("1", tick.label1), ("2", tick.label2)):
-                    add_text(label, f"the {letter} tick label of {name}", "tick",
-                             ("tick", id(ax), letter, side), id(ax))
-            add_text(axis.label, f"the {letter} axis label of {name}", "free",
-                     ("free", next(serial)), id(ax))
+                    add_text(label, f"the {letter} tick label", "tick",
+                             ("tick", id(ax), letter, side), id(ax), name)
+            add_text(axis.label, f"the {letter} axis label", "free",
+                     ("free", next(serial)), id(ax), name)
         for title in (ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None)):
             if title is not None:
-                add_text(title, "the title", "free", ("free", next(serial)), id(ax))
+                add_text(title, "the title", "free", ("free", next(serial)), id(ax), name)
         for text in ax.texts:
-            add_text(text, f"the text of {name}", "free", ("free", next(serial)), id(ax))
+            add_text(text, "the text", "free", ("free", next(serial)), id(ax), name)
         add_legend(ax.get_legend(), name, id(ax))
 
     def add_figure(figure):
