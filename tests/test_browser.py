@@ -95,6 +95,7 @@ class PageReport:
     links: list[str] = field(default_factory=list)
     axe_violations: list[dict] = field(default_factory=list)
     launch_links: list[str] = field(default_factory=list)
+    run_hints_shown: int = 0  # "Run this cell ..." lines still on screen once the scripts ran
     check_cells: list[dict] = field(default_factory=list)  # each exercise check cell: folded?
     hidden_tests_shown: bool = False  # "BEGIN HIDDEN TESTS" in the text a reader sees
     screens: dict = field(default_factory=dict)  # width -> what that screen size showed
@@ -190,6 +191,11 @@ PAGE_TEXT_JS = """() => ({
             .filter(h => h.includes("colab.research.google.com") || h.includes("mybinder.org")),
 })"""
 
+
+# The line a stored demo or bertviz view shows until its script runs (for Jupyter, where the
+# scripts of a notebook it does not trust do not run).
+RUN_HINTS_JS = """() => [...document.querySelectorAll(
+    '.ab-run-hint, p[id^="bertviz-"][id$="-hint"]')].filter(p => p.checkVisibility()).length"""
 
 CHECK_CELLS_JS = """() => ({
   cells: [...document.querySelectorAll(".cell.tag_exercise-check")].map(cell => {
@@ -476,6 +482,7 @@ def visit(browser, site, docname: str) -> PageReport:
             sizes.append((size["responseBodySize"] + size["responseHeadersSize"], request.url))
         report.transfer_bytes = sum(size for size, _ in sizes)
         report.largest = [f"{size / 1e3:.0f} kB {url}" for size, url in sorted(sizes)[::-1][:6]]
+        report.run_hints_shown = page.evaluate(RUN_HINTS_JS)
         folds = page.evaluate(CHECK_CELLS_JS)
         report.check_cells, report.hidden_tests_shown = folds["cells"], folds["hiddenTestsShown"]
         # The same page at every screen size, widest first, without reloading it.
@@ -579,6 +586,19 @@ def test_demos_change_when_their_control_moves(page_report, docname):
         assert frozen == [], (
             f"{docname}: moving {frozen} of demo {demo['demo']} did not change what it shows"
         )
+
+
+@pages
+def test_stored_demos_and_views_lose_their_run_hint(page_report, site, docname):
+    """Every stored demo and bertviz view carries the line "Run this cell ..." for Jupyter, and
+    on the website, where their scripts run, none of those lines is left on screen."""
+    report = page_report(docname)
+    source = (site.html_dir / f"{docname}.html").read_text(encoding="utf-8")
+    hints = source.count('class="ab-run-hint"') + len(re.findall(r'<p id="bertviz-[\w-]+-hint"', source))
+    assert hints == len(report.demos) + report.bertviz_outputs, (
+        f"{docname}: {hints} run hints for {len(report.demos)} demos and "
+        f"{report.bertviz_outputs} bertviz views (re-execute the chapter?)")
+    assert report.run_hints_shown == 0, f"{docname}: {report.run_hints_shown} run hints still shown"
 
 
 _GENERIC_ALT = re.compile(

@@ -525,6 +525,12 @@ def test_first_rendering_without_javascript_matches_the_script(browser, standalo
         context, page, seen = _open(browser, standalone, javascript=javascript)
         try:
             texts.append(page.locator(f"{DEMO} .ab-demo-output").inner_text())
+            # The line for Jupyter, where an untrusted notebook's scripts do not run: shown
+            # without the script, gone once it runs.
+            hint = page.locator(f"{DEMO} .ab-run-hint")
+            assert hint.count() == (0 if javascript else 1)
+            if not javascript:
+                assert hint.is_visible() and "Run this cell" in hint.inner_text()
             if javascript:
                 assert page.locator(DEMO).get_attribute("data-state") == "ok"
                 assert seen["errors"] == []
