@@ -27,6 +27,10 @@ book_numerics = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(book_numerics)
 
 os.environ.update(book_numerics.numeric_environment(os.environ.get("BOOK_NUMERICS", "pinned")))
+# Every figure that a kernel started by the tests shows is checked for overlapping text (a legend
+# over an annotation, colliding tick labels): the backend raises in the cell, so strict nbval
+# fails. See src/attention_book/_figure_check_inline.py; Jupyter and `make execute` never use it.
+os.environ["MPLBACKEND"] = "module://attention_book._figure_check_inline"
 
 
 # --------------------------------------------------------------------------------------

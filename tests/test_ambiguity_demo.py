@@ -142,3 +142,53 @@ def test_first_rendering_shows_each_message(untrained, sentence, message):
     model, vocab, labels = untrained
     page = ambiguity_demo(model, vocab, labels, element_id="amb", sentence=sentence).data
     assert message in page
+
+
+def test_the_notes_say_what_the_answer_rests_on(untrained):
+    """Several ambiguous words, no cue word of the word read, no clear focus: each one noted,
+    and shown as a message (or, for the focus, by the missing star)."""
+    from attention_book.demos import CLEAR_FOCUS
+
+    model, vocab, labels = untrained
+    two = read_sentence(model, vocab, labels, "The bat near the bank, by the money!")
+    assert two.word == "bat" and two.ambiguous_indices == (1, 4)
+    assert two.cue_indices == () and two.notes[:2] == ("several-ambiguous", "no-cue")
+    page = ambiguity_demo(model, vocab, labels, element_id="amb",
+                          sentence="The bat near the bank, by the money!").data
+    assert 'data-message="several-ambiguous"' in page and 'data-message="no-cue"' in page
+    assert "2 ambiguous words (<strong>bat</strong>, then <strong>bank</strong>)" in page
+    cued = read_sentence(model, vocab, labels, "the bat near the cave")
+    assert cued.cue_indices == (4,) and "no-cue" not in cued.notes
+    # A custom list of cue words: "near" decides the sense of bat; no list for a word, no note.
+    custom = read_sentence(model, vocab, labels, "the bat near", cues={"bat": ["near"]})
+    assert custom.cue_indices == (2,) and "no-cue" not in custom.notes
+    nobody = read_sentence(model, vocab, labels, "the minute", cues={"bat": ["near"]})
+    assert "no-cue" not in nobody.notes
+    with pytest.raises(TypeError, match="cue words of 'bat' must be a list of strings"):
+        read_sentence(model, vocab, labels, "bat", cues={"bat": "near"})
+    long = read_sentence(model, vocab, labels, "the minute " + "and the dust " * 4)
+    mean = long.attention.mean(0)  # 18 words: no one of them gets a tenth of the attention
+    assert float(mean[long.attended_index]) < CLEAR_FOCUS and "no-clear-focus" in long.notes
+    for sentence in ("the minute " + "and the dust " * 4, "bat near the cave", "minute minute"):
+        reading = read_sentence(model, vocab, labels, sentence)
+        page = ambiguity_demo(model, vocab, labels, element_id="amb", sentence=sentence).data
+        markup = page.split("<script>")[0]
+        starred = 'class="ab-attended"' in markup
+        assert starred == ("no-clear-focus" not in reading.notes and reading.attended_index >= 0)
+        assert ("so no word has a ★" in markup) == ("no-clear-focus" in reading.notes)
+
+
+def test_unknown_words_share_one_message_and_no_ambiguous_word_is_suggested(untrained):
+    model, vocab, labels = untrained
+    sentence = "the bat flew out of the cave at night"
+    reading = read_sentence(model, vocab, labels, sentence)
+    assert reading.unknown == ("flew", "out", "at")
+    markup = ambiguity_demo(model, vocab, labels, element_id="amb", sentence=sentence).data
+    markup = markup.split("<script>")[0]
+    assert markup.count('data-message="unknown"') == 1
+    assert "never seen <strong>flew</strong>, <strong>out</strong> and <strong>at</strong>" in markup
+    suggested = [chip for chip in markup.split('data-replace="')[1:]]
+    assert len(suggested) == 9  # three replacements for each unknown word
+    offered = {chip.split('data-word="')[1].split('"')[0] for chip in suggested}
+    assert not offered & {"minute", "bank", "bat", "crane"}, offered
+    assert {"fish", "fur", "but"} <= offered  # spelling neighbours of flew and out

@@ -6,6 +6,13 @@ is visited once (``page_report``) and every test below reads what that visit saw
 names both the page and the property. A full-page screenshot of each page is saved under
 ``_build/screenshots/`` for a person to look at.
 
+The same visit then narrows the window to a tablet (768 x 1024) and a phone (390 x 844), without
+reloading the page: at each size (and on the desktop) the visible button opens the table of
+contents, no page is wider than the screen, printed outputs wrap, every box that scrolls
+sideways shows its cue, and every demo (chapter 9's probabilities included) is on screen. The
+phone-size screenshots are saved under ``_build/screenshots/phone/``. The accessibility scan
+runs at desktop size only.
+
 Chromium: ``tools/ensure_chromium.sh`` (run by ``make test``) installs Debian's ``chromium`` when
 it is missing; set ``CHROMIUM`` to use another Chromium or Chrome binary. A missing browser is a
 test failure, never a skip.
@@ -32,6 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # (the test server gzips text files as GitHub Pages and other hosts do).
 MAX_PAGE_BYTES = 3_000_000
 WAIT_MS = 20_000  # the longest a page may take to typeset its math or draw a view
+DESKTOP = (1280, 900)
+SMALL_SCREENS = ((768, 1024), (390, 844))  # a tablet, a phone
+PHONE = (390, 844)
 # --------------------------------------------------------------------------------------
 # Which pages: everything the table of contents lists, read afresh on every run.
 
@@ -85,6 +95,10 @@ class PageReport:
     links: list[str] = field(default_factory=list)
     axe_violations: list[dict] = field(default_factory=list)
     launch_links: list[str] = field(default_factory=list)
+    run_hints_shown: int = 0  # "Run this cell ..." lines still on screen once the scripts ran
+    check_cells: list[dict] = field(default_factory=list)  # each exercise check cell: folded?
+    hidden_tests_shown: bool = False  # "BEGIN HIDDEN TESTS" in the text a reader sees
+    screens: dict = field(default_factory=dict)  # width -> what that screen size showed
     title: str = ""
     footer: str = ""
     screenshot: Path | None = None
@@ -178,6 +192,150 @@ PAGE_TEXT_JS = """() => ({
 })"""
 
 
+# The line a stored demo or bertviz view shows until its script runs (for Jupyter, where the
+# scripts of a notebook it does not trust do not run).
+RUN_HINTS_JS = """() => [...document.querySelectorAll(
+    '.ab-run-hint, p[id^="bertviz-"][id$="-hint"]')].filter(p => p.checkVisibility()).length"""
+
+CHECK_CELLS_JS = """() => ({
+  cells: [...document.querySelectorAll(".cell.tag_exercise-check")].map(cell => {
+    const fold = cell.querySelector("details");
+    const parts = [...cell.querySelectorAll(".cell_input, .cell_output")];
+    return {folded: !!fold && !fold.open && parts.length > 0 && parts.every(p => fold.contains(p)),
+            shown: parts.filter(p => p.checkVisibility()).map(p => p.innerText.trim().slice(0, 80))};
+  }),
+  hiddenTestsShown: (document.querySelector("main") || document.body).innerText
+    .includes("BEGIN HIDDEN TESTS"),
+})"""
+
+# What one screen size shows. A box "cuts" an element when the element reaches past the box's
+# left or right edge and the box clips (overflow other than visible), or past the window.
+SCREEN_JS = r"""() => {
+  const width = document.documentElement.clientWidth;
+  const describe = el => {
+    const where = el.closest(".cell") ? "a cell's " : "";
+    return `${where}${el.tagName.toLowerCase()}.${[...el.classList].slice(0, 3).join(".")}: ` +
+      JSON.stringify(el.innerText.trim().slice(0, 60));
+  };
+  function cut(el) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) { return false; }
+    if (r.left < -0.5 || r.right > width + 0.5) { return true; }
+    for (let box = el.parentElement; box && box !== document.body; box = box.parentElement) {
+      if (getComputedStyle(box).overflowX === "visible") { continue; }
+      const b = box.getBoundingClientRect();
+      if (r.left < b.left - 0.5 || r.right > b.right + 0.5) { return true; }
+    }
+    return false;
+  }
+  const demoParts = [...document.querySelectorAll(".ab-demo")].flatMap(demo =>
+    [...demo.querySelectorAll("th, td, .ab-message, .ab-prediction, input, label")]
+      .map(el => [demo.dataset.demo, el]));
+  const scrollers = [...document.querySelectorAll(
+      "main div, main pre, main mjx-container, main table, main section")]
+    .filter(el => ["auto", "scroll"].includes(getComputedStyle(el).overflowX) &&
+                  el.scrollWidth > el.clientWidth + 1);
+  return {
+    width, scrollWidth: document.documentElement.scrollWidth,
+    demoCut: demoParts.filter(([, el]) => cut(el)).map(([demo, el]) =>
+      `${demo}: ${el.tagName.toLowerCase()} ${JSON.stringify(el.innerText.trim().slice(0, 40))}`),
+    demos: demoParts.length,
+    probabilities: [...document.querySelectorAll(".ab-sentence-demo table")]
+      .filter(table => (table.caption || {}).textContent === "Probability of each sense")
+      .flatMap(table => [...table.querySelectorAll("tbody td:last-child")])
+      .map(td => ({text: td.innerText.trim(), cut: cut(td)})),
+    viewsCut: [...document.querySelectorAll('div[id^="bertviz-"] svg')].filter(cut).length,
+    uncued: scrollers.filter(el => !el.classList.contains("ab-scrolls-x")).map(describe),
+    cued: scrollers.length,
+    outputsScrolling: [...document.querySelectorAll("main .cell_output pre")]
+      .filter(pre => pre.scrollWidth > pre.clientWidth + 1).map(describe),
+  };
+}"""
+
+# wide_outputs.js marks the boxes that scroll a moment after a resize: wait for it.
+SCREEN_SETTLED_JS = """() => [...document.querySelectorAll(
+    "main div, main pre, main mjx-container, main table, main section")]
+  .every(el => !["auto", "scroll"].includes(getComputedStyle(el).overflowX) ||
+               el.scrollWidth <= el.clientWidth + 1 || el.classList.contains("ab-scrolls-x"))"""
+
+TOC_JS = """() => {
+  const dialog = document.getElementById("pst-primary-sidebar-modal");
+  const sidebar = document.getElementById("pst-primary-sidebar");
+  const where = dialog && dialog.open ? dialog : sidebar;
+  const links = where ? [...where.querySelectorAll(".bd-docs-nav a[href]")] : [];
+  const box = sidebar ? sidebar.getBoundingClientRect() : null;
+  return {dialogOpen: !!dialog && dialog.open,
+          sidebarShown: !!box && box.width > 50 && box.right > 0 && box.left < innerWidth &&
+                        sidebar.checkVisibility({visibilityProperty: true}),
+          links: links.filter(a => a.checkVisibility({visibilityProperty: true}) &&
+                                   a.getBoundingClientRect().width > 0 &&
+                                   a.getBoundingClientRect().right <= innerWidth + 0.5)
+                      .map(a => a.href)};
+}"""
+
+
+TRANSITIONS_DONE_JS = """() => document.getAnimations()
+  .every(a => !(a instanceof CSSTransition) || a.playState !== "running")"""
+
+
+def _settle(page) -> None:
+    """Wait until the page's CSS transitions (the sidebar's slide) have finished."""
+    page.wait_for_timeout(50)  # a transition starts on the next frame
+    try:
+        page.wait_for_function(TRANSITIONS_DONE_JS, timeout=3_000)
+    except PlaywrightTimeoutError:
+        pass  # what is still moving is what the tests report
+
+
+def _visible_toggle(page):
+    """The first ``.primary-toggle`` button a reader can see (the theme draws two)."""
+    buttons = page.locator(".primary-toggle")
+    for index in range(buttons.count()):
+        if buttons.nth(index).is_visible():
+            return buttons.nth(index)
+    return None
+
+
+def _use_table_of_contents(page, desktop: bool) -> dict:
+    """Click the visible navigation button and record what it did.
+
+    On a phone or tablet it must open the sidebar dialog with every page's link (Escape closes
+    it); on a desktop the sidebar is open already, and the button hides it and shows it again.
+    """
+    button = _visible_toggle(page)
+    if button is None:
+        return {"button": False}
+    result = {"button": True, "before": page.evaluate(TOC_JS)}
+    button.click()
+    _settle(page)
+    result["after"] = page.evaluate(TOC_JS)
+    if desktop:
+        button.click()
+    else:
+        page.keyboard.press("Escape")
+    _settle(page)
+    result["again"] = page.evaluate(TOC_JS)
+    return result
+
+
+def _on_screen(page, site, report: PageReport, width: int, height: int) -> dict:
+    """Narrow (or widen) the window to ``width`` x ``height`` and record what the reader sees."""
+    page.set_viewport_size({"width": width, "height": height})
+    _settle(page)
+    try:
+        page.wait_for_function(SCREEN_SETTLED_JS, timeout=3_000)
+    except PlaywrightTimeoutError:
+        pass  # the boxes still unmarked are what the test reports
+    shown = page.evaluate(SCREEN_JS)
+    shown["toc"] = _use_table_of_contents(page, desktop=width >= 992)
+    if (width, height) == PHONE:
+        folder = site.screenshots / "phone"
+        folder.mkdir(exist_ok=True)
+        shown["screenshot"] = folder / f"{report.docname.replace('/', '__')}.png"
+        page.screenshot(path=str(shown["screenshot"]), full_page=True)
+    return shown
+
+
 def _exercise_demos(page) -> list[dict]:
     """Move each kernel-free demo's control and record what its output showed before and after."""
     results = []
@@ -258,7 +416,7 @@ def visit(browser, site, docname: str) -> PageReport:
     url = urljoin(site.base_url, f"{docname}.html")
     report = PageReport(docname=docname, url=url)
     local = urlsplit(site.base_url).netloc
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": DESKTOP[0], "height": DESKTOP[1]})
     finished = []
 
     def route(route_obj):
@@ -324,6 +482,12 @@ def visit(browser, site, docname: str) -> PageReport:
             sizes.append((size["responseBodySize"] + size["responseHeadersSize"], request.url))
         report.transfer_bytes = sum(size for size, _ in sizes)
         report.largest = [f"{size / 1e3:.0f} kB {url}" for size, url in sorted(sizes)[::-1][:6]]
+        report.run_hints_shown = page.evaluate(RUN_HINTS_JS)
+        folds = page.evaluate(CHECK_CELLS_JS)
+        report.check_cells, report.hidden_tests_shown = folds["cells"], folds["hiddenTestsShown"]
+        # The same page at every screen size, widest first, without reloading it.
+        for width, height in (DESKTOP, *SMALL_SCREENS):
+            report.screens[width] = _on_screen(page, site, report, width, height)
     finally:
         context.close()
     return report
@@ -359,6 +523,8 @@ def test_page_loads_and_is_screenshotted(page_report, docname):
     report = page_report(docname)
     assert report.status == 200, f"{report.url} answered {report.status}"
     assert report.screenshot is not None and report.screenshot.stat().st_size > 0
+    phone = report.screens[PHONE[0]]["screenshot"]
+    assert phone.stat().st_size > 0 and phone.parent.parent == report.screenshot.parent
 
 
 @pages
@@ -420,6 +586,19 @@ def test_demos_change_when_their_control_moves(page_report, docname):
         assert frozen == [], (
             f"{docname}: moving {frozen} of demo {demo['demo']} did not change what it shows"
         )
+
+
+@pages
+def test_stored_demos_and_views_lose_their_run_hint(page_report, site, docname):
+    """Every stored demo and bertviz view carries the line "Run this cell ..." for Jupyter, and
+    on the website, where their scripts run, none of those lines is left on screen."""
+    report = page_report(docname)
+    source = (site.html_dir / f"{docname}.html").read_text(encoding="utf-8")
+    hints = source.count('class="ab-run-hint"') + len(re.findall(r'<p id="bertviz-[\w-]+-hint"', source))
+    assert hints == len(report.demos) + report.bertviz_outputs, (
+        f"{docname}: {hints} run hints for {len(report.demos)} demos and "
+        f"{report.bertviz_outputs} bertviz views (re-execute the chapter?)")
+    assert report.run_hints_shown == 0, f"{docname}: {report.run_hints_shown} run hints still shown"
 
 
 _GENERIC_ALT = re.compile(
@@ -520,6 +699,95 @@ def test_chapters_have_colab_and_binder_buttons(page_report, docname):
     links = page_report(docname).launch_links
     for url in expected:
         assert url in links, f"{docname}: no launch button to {url} (found {links})"
+
+
+# --------------------------------------------------------------------------------------
+# Every screen: the desktop (1280 x 900), a tablet (768 x 1024) and a phone (390 x 844).
+
+
+def _page_url(href: str) -> str:
+    return href.split("#", 1)[0]
+
+
+@pages
+def test_a_visible_button_opens_the_table_of_contents(page_report, site, docname):
+    every_page = {urljoin(site.base_url, f"{page}.html") for page in PAGES}
+    for width, shown in page_report(docname).screens.items():
+        toc = shown["toc"]
+        assert toc["button"], f"{docname} at {width} px: no visible button opens the contents"
+        if width >= 992:  # the sidebar is there; the button hides it, and shows it again
+            assert toc["before"]["sidebarShown"] and not toc["before"]["dialogOpen"], (docname, toc)
+            assert not toc["after"]["sidebarShown"], f"{docname} at {width} px: {toc}"
+            assert toc["again"]["sidebarShown"], f"{docname} at {width} px: {toc}"
+            continue
+        assert not toc["before"]["dialogOpen"] and not toc["before"]["sidebarShown"], (docname, toc)
+        assert toc["after"]["dialogOpen"], (
+            f"{docname} at {width} px: the navigation button did not open the table of contents "
+            "(see _static/primary_toggle.js)")
+        missing = every_page - {_page_url(href) for href in toc["after"]["links"]}
+        assert not missing, f"{docname} at {width} px: the contents lack links to {sorted(missing)}"
+        assert not toc["again"]["dialogOpen"], f"{docname} at {width} px: Escape did not close it"
+
+
+@pages
+def test_no_page_is_wider_than_the_screen(page_report, docname):
+    for shown in page_report(docname).screens.values():
+        assert shown["scrollWidth"] <= shown["width"], (
+            f"{docname} is {shown['scrollWidth']} px wide on a {shown['width']} px screen: "
+            "something does not wrap or scroll in its own box")
+
+
+@pages
+def test_outputs_wrap_and_boxes_that_scroll_show_a_cue(page_report, docname):
+    for width, shown in page_report(docname).screens.items():
+        assert shown["outputsScrolling"] == [], (
+            f"{docname} at {width} px: these printed outputs scroll sideways instead of "
+            f"wrapping: {shown['outputsScrolling']}")
+        assert shown["uncued"] == [], (
+            f"{docname} at {width} px: these boxes scroll sideways with no cue (the fade of "
+            f"_static/wide_outputs.js): {shown['uncued']}")
+
+
+@pages
+def test_demos_and_attention_views_are_on_screen(page_report, docname):
+    for width, shown in page_report(docname).screens.items():
+        assert shown["demoCut"] == [], f"{docname} at {width} px: cut off: {shown['demoCut']}"
+        if width >= 768:  # on a phone the widest view may scroll, with its cue
+            assert shown["viewsCut"] == 0, (
+                f"{docname} at {width} px: {shown['viewsCut']} attention views do not fit their "
+                "box (_static/wide_outputs.js scales them)")
+
+
+def test_chapter_9_demo_shows_every_probability_on_every_screen(page_report):
+    report = page_report("chapters/09_training_attention")
+    for width, shown in report.screens.items():
+        probabilities = shown["probabilities"]
+        assert len(probabilities) >= 2, f"at {width} px the demo shows no probabilities"
+        assert all(re.fullmatch(r"[01]\.\d{3}", p["text"]) for p in probabilities), probabilities
+        assert [p for p in probabilities if p["cut"]] == [], f"at {width} px: {probabilities}"
+
+
+def _exercise_checks():
+    spec = importlib.util.spec_from_file_location(
+        "exercise_checks", ROOT / "_ext" / "exercise_checks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("docname", [p for p in PAGES if (ROOT / f"{p}.ipynb").is_file()])
+def test_exercise_checks_are_folded_with_their_answers(page_report, docname):
+    """A check cell's hidden tests and stored "Correct: ..." give the answer away: on the
+    website each one is folded (_ext/exercise_checks.py), and none shows unfolded."""
+    notebook = json.loads((ROOT / f"{docname}.ipynb").read_text(encoding="utf-8"))
+    expected = sum(map(_exercise_checks().is_check_cell, notebook["cells"]))
+    report = page_report(docname)
+    assert expected > 0 and len(report.check_cells) == expected, (
+        f"{docname}: {expected} check cells in the notebook, {len(report.check_cells)} folded "
+        "as checks on the page")
+    for index, cell in enumerate(report.check_cells):
+        assert cell["folded"] and cell["shown"] == [], f"{docname}: check cell {index}: {cell}"
+    assert not report.hidden_tests_shown, f"{docname}: hidden tests are visible"
 
 
 def test_book_has_the_temperature_and_mask_demos(page_report):

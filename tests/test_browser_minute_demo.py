@@ -13,7 +13,9 @@ weights. Sentences are typed into the demo key by key, and what the page compute
 :func:`attention_book.demos.read_sentence`, which runs
 :class:`~attention_book.train.AttentionClassifier` in PyTorch.
 
-They also time each keystroke, check the messages (unknown words, no ambiguous word, too long),
+They also time each keystroke, check the messages (unknown words, no ambiguous word, too long)
+and the notes on what an answer rests on (no cue word, several ambiguous words, no clear focus),
+that the page says word for word what Python's first rendering says for the same sentence,
 keyboard-only use, the label and the live region, scan the demo with axe in every state, and
 save screenshots of the demo with typed sentences under ``_build/screenshots/``, with a JSON
 report of the measured figures (``_build/screenshots/09_ambiguity_demo_report.json``).
@@ -36,6 +38,7 @@ from axe_playwright_python.sync_playwright import Axe
 
 from attention_book.data import encode_splits, load_ambiguity_dataset
 from attention_book.demos import ambiguity_demo, export_classifier, read_sentence
+from attention_book.demos.ambiguity import _ambiguous_words, _cue_words, _render_reading
 from attention_book.train import AttentionClassifier, train_classifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,6 +230,7 @@ def test_typed_sentences_match_pytorch(demo_page, typed, report):
         assert json.loads(state["tokens"]) == list(reading.tokens), sentence
         assert int(state["wordIndex"]) == reading.word_index, sentence
         assert int(state["attendedIndex"]) == reading.attended_index, sentence
+        assert json.loads(state["notes"]) == list(reading.notes), sentence
         if sentence in INVENTED:
             assert reading.unknown, f"{sentence!r} was meant to hold unknown words"
             assert unknown_marked == len([w for w in reading.words if w in reading.unknown])
@@ -350,6 +354,89 @@ def test_messages_for_unknown_words_no_ambiguous_word_and_too_long(demo_page, ch
     assert sorted(known.all_inner_texts()) == sorted(vocab.itos[1:])
 
 
+# The review's sentences (newcomer trial, chapter 9 demo), and a few more: each one shows a
+# note, a missing star or the one message for several unknown words.
+SAYS = [
+    "we saw the crane",
+    "I deposited my paycheck at the bank downtown",
+    "The bat near the bank, by the money!",
+    "the bat flew out of the cave at night",
+    "It took one minute",
+    "the nest near the crane near the steel",
+    "bank",
+]
+
+
+def _python_text(page, chapter_model, sentence: str) -> str:
+    """What Python's first rendering of ``sentence`` says, as the page lays it out."""
+    model, vocab, labels, _ = chapter_model
+    reading = read_sentence(model, vocab, labels, sentence)
+    markup = _render_reading(DEMO_ID, reading, labels, list(vocab.itos[1:]),
+                             _ambiguous_words(labels), model.context_length,
+                             _cue_words(labels, None))
+    return page.evaluate("""([selector, markup]) => {
+      const scratch = document.createElement("div");
+      scratch.className = "ab-demo-output";
+      document.querySelector(selector).appendChild(scratch);
+      scratch.innerHTML = markup;
+      const text = scratch.innerText;
+      scratch.remove();
+      return text;
+    }""", [DEMO, markup])
+
+
+def test_the_page_says_what_python_says(demo_page, chapter_model):
+    """For every sentence, the script's redrawing reads word for word as Python's first rendering
+    (messages, notes, star, numbers): the two sides of the demo cannot drift apart."""
+    page, _ = demo_page
+    for sentence in SAYS + INVENTED + ["", "we saw the clock near the river", "minute " * 17]:
+        _type(page, sentence)
+        shown = page.locator(f"{DEMO} .ab-demo-output").inner_text()
+        assert shown == _python_text(page, chapter_model, sentence), sentence
+
+
+def test_the_demo_says_what_its_answer_rests_on(demo_page, chapter_model):
+    """In the demo itself: no cue word, several ambiguous words, no clear focus (no star), one
+    message for all unknown words, and no ambiguous word offered as a replacement."""
+    page, _ = demo_page
+    model, vocab, labels, _ = chapter_model
+
+    def message(kind):
+        return page.locator(f'{DEMO} .ab-message[data-message="{kind}"]')
+
+    def starred():
+        return page.locator(f"{DEMO} tr.ab-attended").count()
+
+    state = _type(page, "we saw the crane")  # the review: crane/bird 0.998 with no evidence
+    assert json.loads(state["notes"]) == ["no-cue"]
+    text = message("no-cue").inner_text()
+    assert "cue words the model learned for crane" in text and "nest" in text and "steel" in text
+    assert "a guess" in text and starred() == 1
+
+    state = _type(page, "I deposited my paycheck at the bank downtown")
+    assert json.loads(state["notes"]) == ["no-cue", "no-clear-focus"]
+    assert message("unknown").count() == 1  # one message, not one per word
+    unknown = message("unknown").inner_text()
+    assert all(w in unknown for w in ("deposited", "paycheck", "downtown", "my"))
+    assert message("unknown").locator("button.ab-chip").count() == 3 * 6
+    assert starred() == 0 and "★" not in page.locator(f"{DEMO} tbody").last.inner_text()
+    summary = page.locator(f"{DEMO} .ab-prediction").inner_text()
+    assert "no other word stands out" in summary and "so no word has a ★" in summary
+
+    state = _type(page, "The bat near the bank, by the money!")
+    assert json.loads(state["notes"]) == ["several-ambiguous", "no-cue"]
+    assert "2 ambiguous words (bat, then bank): the model classifies only the first, bat" in (
+        message("several-ambiguous").inner_text())
+
+    _type(page, "the bat flew out of the cave at night")
+    offered = message("unknown").locator("button.ab-chip").all_inner_texts()
+    assert len(offered) == 9 and not set(offered) & {"minute", "bank", "bat", "crane"}, offered
+
+    state = _type(page, "the minute by the clock")  # a cue, a clear focus, one ambiguous word
+    assert json.loads(state["notes"]) == [] and starred() == 1
+    assert page.locator(f"{DEMO} .ab-message").count() == 0
+
+
 def test_keyboard_only_use_label_and_live_region(demo_page):
     page, _ = demo_page
     box = page.locator(f"{DEMO} input.ab-sentence-input")
@@ -412,6 +499,8 @@ def test_colours_are_colour_blind_safe_and_never_alone(demo_page):
 
 @pytest.mark.parametrize("sentence", [
     "the grain next to the minute while nobody spoke of the timer",
+    "I deposited my paycheck at the bank downtown",
+    "The bat near the bank, by the money!",
     "It took one minute and one speck",
     "we saw the clock near the river",
     "minute " * 17,
@@ -436,6 +525,12 @@ def test_first_rendering_without_javascript_matches_the_script(browser, standalo
         context, page, seen = _open(browser, standalone, javascript=javascript)
         try:
             texts.append(page.locator(f"{DEMO} .ab-demo-output").inner_text())
+            # The line for Jupyter, where an untrusted notebook's scripts do not run: shown
+            # without the script, gone once it runs.
+            hint = page.locator(f"{DEMO} .ab-run-hint")
+            assert hint.count() == (0 if javascript else 1)
+            if not javascript:
+                assert hint.is_visible() and "Run this cell" in hint.inner_text()
             if javascript:
                 assert page.locator(DEMO).get_attribute("data-state") == "ok"
                 assert seen["errors"] == []

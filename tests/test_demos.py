@@ -83,3 +83,20 @@ def test_weight_columns_are_headed_weight_never_value(demo):
     assert headers[-2:] == ["weight as a bar", "weight"]
     numbers = re.findall(r'<td id="h-w-\d">([0-9.]+)</td></tr>', page)
     assert len(numbers) == 2  # the last column of every row is the weight, as a number
+
+
+@pytest.mark.parametrize("demo", ["temperature", "mask_editor", "query_picker"])
+def test_an_inert_demo_says_to_run_the_cell_and_its_script_removes_that_line(demo):
+    """In a notebook whose scripts do not run (an untrusted one in Jupyter), one line says how
+    to bring the demo to life; the script, which runs on the website, removes it first thing."""
+    tokens = TOKENS[:2]
+    if demo == "temperature":
+        page = temperature_demo(torch.tensor([1.0, 0.0]), tokens, element_id="d").data
+    elif demo == "mask_editor":
+        page = mask_editor_demo(torch.zeros(2, 2), tokens, element_id="d").data
+    else:
+        page = query_picker_demo(torch.eye(2), tokens, element_id="d").data
+    markup, script = page.split("<script>")
+    assert markup.count('class="ab-run-hint"') == 1 and "Run this cell" in markup
+    assert "function removeRunHint(root)" in script and "removeRunHint(root);" in script
+    assert markup.index("ab-run-hint") < markup.index("ab-demo-output")  # not in what changes

@@ -212,3 +212,13 @@ def test_pipeline_refuses_an_unknown_stage():
 
     with pytest.raises(ValueError, match="unknown stages \\['softmaxx'\\]"):
         plot_attention_pipeline(["softmaxx"])
+
+
+@pytest.mark.parametrize("view", [head_view, model_view])
+def test_an_inert_view_says_to_run_the_cell_and_its_script_removes_that_line(weights, view):
+    """A stored view in a notebook whose scripts do not run shows one line saying to run the
+    cell; the script after the view removes it."""
+    html = view(weights, TOKENS, element_id="hinted").data
+    assert html.startswith('<p id="bertviz-hinted-hint"') and "Run this cell" in html
+    assert html.count("bertviz-hinted-hint") == 2  # the line, and the script that removes it
+    assert html.rstrip().endswith("hint.remove(); } })();</script>")

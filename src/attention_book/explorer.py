@@ -46,10 +46,11 @@ _SPECIAL_TOKENS = ("[CLS]", "[SEP]")
 _OUTLINE = "#D55E00"  # Okabe-Ito vermillion: visible on every shade of viridis
 _CACHE_SIZE = 16  # sentences whose attention is kept (a few MB at most)
 _EMPTY = "Type a sentence in the box: an empty text has no word pieces to attend to."
+# One line (it wraps to any screen): what the picture is, and how to make it live.
 _LAUNCH = (
-    "This is the explorer's static picture. On the website, the launch button at the top of\n"
-    "the page opens the live explorer (this chapter's practice notebook in Colab or Binder);\n"
-    "in Jupyter or Colab, run the cell."
+    "This is the explorer's static picture: run the cell in Jupyter or Colab to explore live "
+    "(on the website, the launch button at the top of the page opens this chapter's practice "
+    "notebook in Colab or Binder)."
 )
 
 

@@ -22,6 +22,15 @@ __all__ = [
 ]
 
 _BERTVIZ_ID = re.compile(r"bertviz-[0-9a-f]{32}")
+# One line for a notebook whose scripts do not run (Jupyter does not run the stored scripts of a
+# notebook it does not trust, e.g. one just opened): the view's own script removes it.
+_RUN_HINT = (
+    '<p id="{root}-hint" style="margin:0 0 0.5rem;padding:0.25rem 0.5rem;color:#000;'
+    'background:#fff8e1;border-left:4px solid #E69F00">Run this cell to draw the attention '
+    "view: until its script runs, the view stays empty.</p>"
+)
+_REMOVE_HINT = ('<script>(function () {{ const hint = document.getElementById("{root}-hint"); '
+                "if (hint) {{ hint.remove(); }} }})();</script>")
 
 
 def _as_matrix(weights: object, name: str = "weights") -> torch.Tensor:
@@ -223,7 +232,8 @@ def _fixed_ids(html: str, element_id: str | None, kind: str, layers, tokens) -> 
     if len(set(_BERTVIZ_ID.findall(html))) != 1:
         raise RuntimeError("unexpected bertviz output: could not find its one element id")
     # Keep bertviz's own prefix, so a page can still find every bertviz view by its id.
-    return _BERTVIZ_ID.sub(f"bertviz-{element_id}", html)
+    root = f"bertviz-{element_id}"
+    return _RUN_HINT.format(root=root) + _BERTVIZ_ID.sub(root, html) + _REMOVE_HINT.format(root=root)
 
 
 def _prepare(attentions, tokens) -> tuple[list[torch.Tensor], list[str]]:
