@@ -198,7 +198,8 @@ def _contiguous_attention(queries, keys, values):
 def test_paged_attention_equals_contiguous_attention_for_random_block_tables(
         lengths, block_size, group_size, num_new, order_seed):
     num_kv_heads, head_dim = 2, 4
-    cache = PagedKVCache(40, block_size, num_kv_heads, head_dim, dtype=torch.float64)
+    num_blocks = sum(-(-length // block_size) for length in lengths) + 3  # a few left over
+    cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float64)
     generator = torch.Generator().manual_seed(order_seed)
     contents = {}
     for seq_id, length in enumerate(lengths):
@@ -234,6 +235,20 @@ def test_paged_attention_ignores_stale_slots_even_when_they_hold_nan():
     queries = torch.randn(1, 1, 2, 2)
     output = paged_attention(queries, cache, ["new"])
     torch.testing.assert_close(output[0], _contiguous_attention(queries[0], keys, values))
+
+
+def test_a_short_table_is_padded_without_reading_another_sequence():
+    cache = PagedKVCache(6, 2, 1, 2)
+    cache.add_sequence("broken")  # block 0, full of NaN
+    cache.append("broken", torch.full((1, 2, 2), float("nan")), torch.full((1, 2, 2), float("nan")))
+    contents = {"short": _kv(1, 1, 2, 0), "long": _kv(1, 6, 2, 1)}
+    for seq_id, (keys, values) in contents.items():
+        cache.add_sequence(seq_id)
+        cache.append(seq_id, keys, values)
+    queries = torch.randn(2, 1, 1, 2)
+    output = paged_attention(queries, cache, list(contents))  # "short" is padded to 3 blocks
+    for row, (keys, values) in enumerate(contents.values()):
+        torch.testing.assert_close(output[row], _contiguous_attention(queries[row], keys, values))
 
 
 # --------------------------------------------------------------------------- exhaustion

@@ -253,6 +253,10 @@ class PagedKVCache:
     def _allocate(self) -> int:
         block = heapq.heappop(self._free)
         self._ref_counts[block] = 1
+        # A block comes back zeroed, so the slots past a sequence's length never hold another
+        # sequence's keys and values (a NaN there would survive a zero attention weight).
+        self.key_blocks[:, block] = 0.0
+        self.value_blocks[:, block] = 0.0
         return block
 
     def _release(self, block: int) -> None:
@@ -302,8 +306,8 @@ class PagedKVCache:
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def _append_many(self, seq_ids: list, keys: torch.Tensor, values: torch.Tensor,
-                     layer: int) -> None:
-        """Append ``keys[i]`` and ``values[i]`` to ``seq_ids[i]``: all or nothing."""
+                     layer: int) -> torch.Tensor:
+        """Append ``keys[i]`` and ``values[i]`` to ``seq_ids[i]``: all or nothing; return the slots."""
         num_new = keys.size(2)
         needed = self._blocks_needed(seq_ids, num_new, layer)
         if needed > len(self._free):
@@ -316,27 +320,39 @@ class PagedKVCache:
                 "changed: free a sequence or build a larger pool"
             )
         if num_new == 0:
-            return
+            return torch.zeros(0, dtype=torch.long, device=self.device)
         slots = []
         for seq_id in seq_ids:
             start = self._lengths[seq_id][layer]
             self._make_room(seq_id, num_new, layer)
             slots.append(self._slots(seq_id, start, num_new))
-            self._lengths[seq_id][layer] = start + num_new
         slots = torch.cat(slots)  # (B * T_new,)
+        self._write_slots(seq_ids, slots, keys, values, layer)
+        return slots
+
+    def _write_slots(self, seq_ids: list, slots: torch.Tensor, keys: torch.Tensor,
+                     values: torch.Tensor, layer: int) -> None:
+        """Write new tokens into slots that ``_append_many`` chose (for the same tokens)."""
         shape = (-1, self.num_kv_heads, self.head_dim)
         # (B, H_kv, T_new, head_dim) -> one row of (H_kv, head_dim) per token, in the slot order
         self.key_blocks[layer].view(shape)[slots] = keys.transpose(1, 2).reshape(shape)
         self.value_blocks[layer].view(shape)[slots] = values.transpose(1, 2).reshape(shape)
+        for seq_id in seq_ids:
+            self._lengths[seq_id][layer] += keys.size(2)
 
     def _padded_tables(self, seq_ids: Sequence[Hashable],
                        layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block tables as one ``(B, max_blocks)`` tensor (padded with block 0), lengths ``(B,)``."""
+        """The block tables as one ``(B, max_blocks)`` tensor, and the lengths ``(B,)``.
+
+        A short table is padded with its own last block, whose extra copies the causal mask
+        hides: the padding reads no other sequence's keys and values.
+        """
         tables = [self._tables[seq_id] for seq_id in seq_ids]
         width = max(1, max(len(table) for table in tables))
         padded = torch.zeros(len(tables), width, dtype=torch.long)  # (B, max_blocks)
         for row, table in enumerate(tables):
-            padded[row, :len(table)] = torch.tensor(table, dtype=torch.long)
+            if table:
+                padded[row] = torch.tensor(table + table[-1:] * (width - len(table)))
         lengths = torch.tensor([self._lengths[seq_id][layer] for seq_id in seq_ids])  # (B,)
         return padded.to(self.device), lengths.to(self.device)
 
@@ -469,9 +485,20 @@ class PagedKVCache:
         return gathered[0], gathered[1]
 
 
+def _causal_through_tables(num_new: int, tables: torch.Tensor,
+                           lengths: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Which slots each new query may see: ``(B, T_new, max_blocks * block_size)``."""
+    key_positions = torch.arange(tables.size(1) * block_size, device=tables.device)  # (T_slots,)
+    query_positions = (lengths[:, None] - num_new
+                       + torch.arange(num_new, device=tables.device))  # (B, T_new)
+    # Bottom-right causal: query t of a sequence of length L sits at L - T_new + t. The slots
+    # past the length (zeros, or padding of the table) are never reached.
+    return key_positions[None, None, :] <= query_positions[:, :, None]  # (B, T_new, T_slots)
+
+
 def _attend_through_tables(queries: torch.Tensor, key_pool: torch.Tensor,
                            value_pool: torch.Tensor, tables: torch.Tensor,
-                           lengths: torch.Tensor) -> torch.Tensor:
+                           allowed: torch.Tensor) -> torch.Tensor:
     """Causal attention of the last ``T_new`` tokens of each sequence, keys read via ``tables``."""
     batch_size, num_heads, num_new, head_dim = queries.shape
     num_kv_heads = key_pool.size(2)
@@ -479,14 +506,6 @@ def _attend_through_tables(queries: torch.Tensor, key_pool: torch.Tensor,
     # (B, max_blocks, block_size, H_kv, hd) -> (B, H_kv, max_blocks * block_size, hd)
     keys = key_pool[tables].flatten(1, 2).permute(0, 2, 1, 3)
     values = value_pool[tables].flatten(1, 2).permute(0, 2, 1, 3)
-    key_positions = torch.arange(keys.size(2), device=queries.device)  # (T_slots,)
-    query_positions = (lengths[:, None] - num_new
-                       + torch.arange(num_new, device=queries.device))  # (B, T_new)
-    # Bottom-right causal: query t of a sequence of length L sits at L - T_new + t. Slots past
-    # the length hold another sequence's tokens or nothing; the mask never reaches them.
-    allowed = key_positions[None, None, :] <= query_positions[:, :, None]  # (B, T_new, T_slots)
-    stale = key_positions[None, :] >= lengths[:, None]  # (B, T_slots)
-    values = values.masked_fill(stale[:, None, :, None], 0.0)  # a stale NaN must not leak
     # Each key/value head serves group_size consecutive query heads (grouped-query attention).
     grouped = queries.reshape(batch_size, num_kv_heads, group_size, num_new, head_dim)
     scores = grouped @ keys[:, :, None].transpose(-2, -1) * (1.0 / math.sqrt(head_dim))
@@ -559,8 +578,9 @@ def paged_attention(queries: torch.Tensor, cache: PagedKVCache, seq_ids: Sequenc
     if batch_size == 0 or num_new == 0:
         return queries.new_zeros(queries.shape)
     tables, lengths = cache._padded_tables(seq_ids, layer)
+    allowed = _causal_through_tables(num_new, tables, lengths, cache.block_size)
     return _attend_through_tables(queries, cache.key_blocks[layer], cache.value_blocks[layer],
-                                  tables, lengths)
+                                  tables, allowed)
 
 
 # ---------------------------------------------------------------------- the model on a paged cache
@@ -666,7 +686,7 @@ def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashabl
     if position_embedding is not None:
         x = x + position_embedding(positions)  # (B, T_new, d_model)
     x = model.embedding_dropout(x)
-    tables = lengths = None
+    tables = allowed = slots = None
     for layer, block in enumerate(model.blocks):
         attention = block.attention
         num_heads, num_kv_heads = attention.num_heads, attention.num_kv_heads
@@ -682,12 +702,16 @@ def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashabl
             # Each sequence's own positions: (B, 1, T_new) broadcasts over the heads.
             queries = rotary_embedding(queries, positions[:, None, :], base=attention.rope_base)
             keys = rotary_embedding(keys, positions[:, None, :], base=attention.rope_base)
-        # Layer 0 takes the blocks (all or nothing); the later layers write into the same ones.
-        cache._append_many(seq_ids, keys, values, layer)
-        if tables is None:
+        if slots is None:
+            # Layer 0 takes the blocks (all or nothing, copying shared ones); every later layer
+            # writes the same tokens into the same slots, and reads through the same tables.
+            slots = cache._append_many(seq_ids, keys, values, layer)
             tables, lengths = cache._padded_tables(seq_ids, layer)
+            allowed = _causal_through_tables(num_new, tables, lengths, cache.block_size)
+        else:
+            cache._write_slots(seq_ids, slots, keys, values, layer)
         context = _attend_through_tables(queries, cache.key_blocks[layer],
-                                         cache.value_blocks[layer], tables, lengths)
+                                         cache.value_blocks[layer], tables, allowed)
         context = context.transpose(1, 2).reshape(batch_size, num_new, attention.d_out)
         x = x + block.attention_dropout(attention.out_proj(context))  # (B, T_new, d_model)
         if not block.attention_only:
