@@ -9,7 +9,9 @@ as rules (``mods``) and multi-head latent attention (``MultiHeadLatentAttention`
 in chapter 13; each chapter ends by asserting that this package equals the code it wrote.
 Chapter 15 puts the layers inside a model (``TransformerBlock``, ``TinyGPT``) and measures
 what its heads do (``previous_token_scores``, ``induction_scores``, ``find_heads``,
-``ablate_heads``).
+``ablate_heads``). Chapter 16 serves many requests at once: a paged KV cache
+(``PagedKVCache``, ``paged_attention``, ``paged_forward``) and continuous batching
+(``ContinuousBatcher``, ``generate_batch``).
 """
 
 from . import mods
@@ -42,6 +44,15 @@ from .modules import (
 )
 from .positions import alibi_bias, alibi_slopes, rotary_embedding
 from .pretrained import load_pretrained
+from .serving import (
+    ContinuousBatcher,
+    OutOfBlocksError,
+    PagedKVCache,
+    StepRecord,
+    generate_batch,
+    paged_attention,
+    paged_forward,
+)
 from .viz import head_view, model_view, plot_attention, plot_heads
 
 __version__ = "0.1.0"
@@ -84,4 +95,11 @@ __all__ = [
     "find_heads",
     "HeadReport",
     "ablate_heads",
+    "PagedKVCache",
+    "OutOfBlocksError",
+    "paged_attention",
+    "paged_forward",
+    "ContinuousBatcher",
+    "StepRecord",
+    "generate_batch",
 ]

@@ -1,6 +1,6 @@
 """What attention costs, measured: ``python -m attention_book.benchmark``.
 
-Three measurements, each a table of medians over repeated runs after a
+Five measurements, each a table of medians over repeated runs after a
 warm-up run, with ratios between rows taken in the same run:
 
 1. ``MultiHeadAttention`` forward + backward (B=2, T=1024, d=768, 12 heads,
@@ -19,6 +19,11 @@ warm-up run, with ratios between rows taken in the same run:
    :func:`~attention_book.flash.tiled_attention` with ``window=`` against full
    causal ``tiled_attention``, and PyTorch's fused kernel with ``is_causal=True``
    and with the window as a boolean mask; time and peak extra memory (chapter 13).
+5. Serving 32 requests of different lengths with a small ``TinyGPT`` (chapter 16): the
+   KV memory of a cache preallocated per request (``KVCache(context_length)`` per layer, as
+   ``TinyGPT.generate`` keeps) against the peak of a :class:`~attention_book.serving.PagedKVCache`,
+   and tokens per second of continuous batching (:func:`~attention_book.serving.generate_batch`)
+   against generating one request at a time.
 
 The rows of one table run interleaved (round-robin), so a change of machine
 load affects them alike. This is a benchmark, not a test: nothing in the test
@@ -53,7 +58,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .attention import causal_mask, scaled_dot_product_attention, sliding_window_mask
 from .flash import tile_plan, tiled_attention
 from .kv_cache import KVCache
+from .model import TinyGPT
 from .modules import MultiHeadAttention
+from .serving import ContinuousBatcher
 
 # The shapes the issue asks for.
 MHA_SHAPE = {"batch_size": 2, "num_tokens": 1024, "d_model": 768, "num_heads": 12}
@@ -61,6 +68,8 @@ LONG_SHAPE = {"batch_size": 1, "num_heads": 12, "num_tokens": 4096, "head_dim": 
 DECODE_SHAPE = {"num_tokens": 512, "d_model": 384, "num_heads": 6}
 WINDOW_SHAPE = {"batch_size": 1, "num_heads": 4, "num_tokens": 16384, "head_dim": 64,
                 "window": 1024}
+SERVING_SHAPE = {"num_requests": 32, "vocab_size": 256, "d_model": 128, "num_heads": 4,
+                 "num_layers": 4, "context_length": 256, "block_size": 16}
 # Larger tiles than the default 128 mean fewer small operations in the Python loop.
 TILE_BLOCK_SIZE = 256
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -521,12 +530,104 @@ def bench_decode(repeats: int, device: _Device = CPU) -> str:
     ])
 
 
+def _serving_workload() -> tuple[list[torch.Tensor], list[int]]:
+    num_requests, vocab_size = SERVING_SHAPE["num_requests"], SERVING_SHAPE["vocab_size"]
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(8, 129, (num_requests,), generator=generator).tolist()
+    prompts = [torch.randint(0, vocab_size, (n,), generator=generator) for n in lengths]
+    new_tokens = torch.randint(8, 97, (num_requests,), generator=generator).tolist()
+    return prompts, new_tokens
+
+
+def bench_serving(repeats: int, device: _Device = CPU) -> str:
+    """Target 5 (chapter 16): paged against preallocated KV memory; batched against one at a time."""
+    sizes = {k: SERVING_SHAPE[k] for k in ("vocab_size", "d_model", "num_heads", "num_layers",
+                                          "context_length")}
+    block_size = SERVING_SHAPE["block_size"]
+    torch.manual_seed(0)
+    model = device.module(TinyGPT(**sizes)).eval()
+    prompts, new_tokens = _serving_workload()
+    prompts = [prompt.to(device.name) for prompt in prompts]
+    num_blocks = sum(-(-(len(p) + n - 1) // block_size) for p, n in zip(prompts, new_tokens,
+                                                                          strict=True))
+
+    pool: dict[str, int] = {}
+
+    def continuous() -> list[torch.Tensor]:
+        batcher = ContinuousBatcher(model, block_size=block_size, num_blocks=num_blocks)
+        ids = [batcher.submit(p, n) for p, n in zip(prompts, new_tokens, strict=True)]
+        batcher.run()
+        return [batcher.output(i) for i in ids]
+
+    def memory_per_step() -> None:
+        """Step by step: requests alive, tokens cached and blocks in use, summed over steps."""
+        batcher = ContinuousBatcher(model, block_size=block_size, num_blocks=num_blocks)
+        for prompt, count in zip(prompts, new_tokens, strict=True):
+            batcher.submit(prompt, count)
+        pool.update(alive=0, tokens=0, blocks=0, peak_blocks=0, peak_alive=0)
+        while not batcher.done:
+            record = batcher.step()
+            cache = batcher.cache
+            pool["alive"] += len(cache.seq_ids)
+            pool["tokens"] += sum(cache.length(seq_id) for seq_id in cache.seq_ids)
+            pool["blocks"] += record.blocks_in_use
+            pool["peak_blocks"] = max(pool["peak_blocks"], record.blocks_in_use)
+            pool["peak_alive"] = max(pool["peak_alive"], len(cache.seq_ids))
+        pool["block_nbytes"] = batcher.cache.block_nbytes
+
+    def one_at_a_time() -> list[torch.Tensor]:
+        return [model.generate(p[None], n)[0] for p, n in zip(prompts, new_tokens, strict=True)]
+
+    with torch.no_grad():
+        same = sum(torch.equal(a, b) for a, b in zip(continuous(), one_at_a_time(), strict=True))
+        memory_per_step()
+        # What TinyGPT.generate holds for one request: a KVCache(context_length) per layer.
+        attention = model.blocks[0].attention
+        keys = device.tensor(torch.zeros(1, attention.num_kv_heads, 1,
+                                         attention.head_dim))  # (1, H_kv, 1, head_dim)
+        per_request = 0
+        for _ in model.blocks:
+            cache = KVCache(model.context_length)
+            cache.update(keys, keys)
+            per_request += cache.nbytes
+        # The equality check above ran both ways once: it is the warm-up.
+        seconds = time_interleaved({"one request at a time": one_at_a_time,
+                                    "continuous batching": continuous}, repeats,
+                                   warmup=False, sync=device.sync)
+    token_nbytes = pool["block_nbytes"] // block_size
+    assert per_request == model.context_length * token_nbytes
+    preallocated_peak = pool["peak_alive"] * per_request
+    paged_peak = pool["peak_blocks"] * pool["block_nbytes"]
+    # Over all steps: the fraction of the memory held that holds no token.
+    waste_preallocated = 1 - pool["tokens"] / (pool["alive"] * model.context_length)
+    waste_paged = 1 - pool["tokens"] / (pool["blocks"] * block_size)
+    total_tokens = sum(new_tokens)
+    rates = {name: f"{total_tokens / statistics.median(times):9.0f} tokens/s"
+             for name, times in seconds.items()}
+    speedup = _ratio(seconds, "one request at a time", "continuous batching")
+    shape = ", ".join(f"{key}={value}" for key, value in SERVING_SHAPE.items())
+    return "\n".join([
+        format_table(f"5. serving {len(prompts)} requests, prompts 8-128 and 8-96 new tokens "
+                     f"({shape}; {device.label}), {repeats} runs", seconds,
+                     "one request at a time", rates, "throughput"),
+        f"  KV memory at the peak ({pool['peak_alive']} requests in flight): preallocated "
+        f"KVCache(context_length) per request and layer {preallocated_peak / 2**20:.2f} MiB, "
+        f"paged cache {paged_peak / 2**20:.2f} MiB ({paged_peak / preallocated_peak:.1%})",
+        f"  KV memory holding no token, over all steps: preallocated {waste_preallocated:.1%}, "
+        f"paged {waste_paged:.1%}",
+        f"  outputs: {same} of {len(prompts)} requests generate the same tokens both ways",
+        f"  target: continuous batching faster than one at a time: {speedup:.1f}x -> "
+        f"{_verdict(speedup > 1.0)}; paged peak below preallocated: "
+        f"{_verdict(paged_peak < preallocated_peak)}",
+    ])
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Parse the options, print the header and the three tables."""
+    """Parse the options, print the header and the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (default 5)")
-    parser.add_argument("--only", choices=["multihead", "long", "decode", "window"],
+    parser.add_argument("--only", choices=["multihead", "long", "decode", "window", "serving"],
                         action="append",
                         help="run only these tables (repeatable); 'window' (T=16384, chapter 13) "
                              "runs only when named")
@@ -550,7 +651,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("on the CPU the benchmark runs in float32 only")
     dtypes = args.dtype or (["float32", "bfloat16"] if args.device == "cuda" else ["float32"])
     torch.set_num_threads(args.threads)
-    only = args.only or ["multihead", "long", "decode"]
+    only = args.only or ["multihead", "long", "decode", "serving"]
     print(header(torch.get_num_threads(), args.device), flush=True)
     started = time.perf_counter()
     for dtype in dtypes:
@@ -566,6 +667,8 @@ def main(argv: list[str] | None = None) -> None:
             print("\n" + bench_decode(slow_repeats, device), flush=True)
         if "window" in only:
             print("\n" + bench_window(slow_repeats, args.threads, device), flush=True)
+        if "serving" in only:
+            print("\n" + bench_serving(slow_repeats, device), flush=True)
     print(f"\ntotal wall time {time.perf_counter() - started:.0f}s")
 
 

@@ -4,7 +4,7 @@ Each checker takes a learner's answer, prints ``Correct: …`` when it is right
 and otherwise prints which property failed (expected vs actual, with a hint)
 and raises ``AssertionError`` so an autograder sees the failure.
 
-Each chapter's checkers live in their own module (``ch00`` … ``ch15``) and are
+Each chapter's checkers live in their own module (``ch00`` … ``ch16``) and are
 re-exported here, so a notebook writes ``from attention_book.exercises import check_…``.
 """
 
@@ -25,4 +25,5 @@ from .ch12 import *  # noqa: F403
 from .ch13 import *  # noqa: F403
 from .ch14 import *  # noqa: F403
 from .ch15 import *  # noqa: F403
+from .ch16 import *  # noqa: F403
 from .ch17 import *  # noqa: F403

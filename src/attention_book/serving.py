@@ -1,0 +1,1037 @@
+"""Serving many requests at once: a paged KV cache, shared prefixes and continuous batching.
+
+Chapter 10's :class:`~attention_book.kv_cache.KVCache` reserves room for ``max_length`` tokens
+the moment a sequence starts. A server that keeps one such cache per request reserves memory
+for tokens that will never exist. PagedAttention (Kwon et al., SOSP 2023) stores keys and
+values in a *pool* of fixed-size blocks instead, and gives each sequence a *block table*: the
+list of the blocks that hold its tokens, in order. A sequence takes one more block only when
+its last one is full; sequences that share a prompt share its blocks, counted by reference,
+and a shared block is copied the first time one of them writes into it (copy-on-write).
+
+* :class:`PagedKVCache`: the pool, the block tables, the reference counts;
+* :func:`paged_attention`: causal attention of the newest tokens of several sequences of
+  different lengths, reading each one's keys and values through its block table;
+* :func:`paged_forward`: a :class:`~attention_book.model.TinyGPT` forward pass whose layers
+  read and write a paged cache;
+* :class:`ContinuousBatcher` and :func:`generate_batch`: greedy generation for many requests,
+  each step one batched forward that decodes a token for every running request, new requests
+  joining as soon as there is room and leaving when they are done (continuous batching).
+
+This module imports the functional core, the positions and the model; only the package's
+``__init__`` imports it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .attention import _check_positive_int, _require_float
+from .model import TinyGPT
+from .positions import rotary_embedding
+
+__all__ = [
+    "OutOfBlocksError",
+    "PagedKVCache",
+    "paged_attention",
+    "paged_forward",
+    "StepRecord",
+    "ContinuousBatcher",
+    "generate_batch",
+]
+
+
+class OutOfBlocksError(RuntimeError):
+    """The pool of a :class:`PagedKVCache` has too few free blocks; nothing was changed.
+
+    Taught in chapter 16.
+    """
+
+
+def _blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)  # ceil without floats
+
+
+class PagedKVCache:
+    """Keys and values of many sequences in one pool of fixed-size blocks, with block tables.
+
+    The pool holds ``num_blocks`` blocks of ``block_size`` token slots, for every layer at
+    once: block ``b`` of the pool is ``key_blocks[:, b]`` and ``value_blocks[:, b]``. Each
+    sequence has a block table, the ids of its blocks in order, so its token ``t`` lives in
+    block ``table[t // block_size]`` at slot ``t % block_size``. Appending takes a free block
+    (the lowest id) only when the last one is full; :meth:`free` gives a sequence's blocks
+    back. :meth:`fork` starts a sequence that shares every block of another one (their
+    reference counts go up); the first write into a shared block copies it to a private one
+    first (copy-on-write). When the pool has too few free blocks for an append, it raises
+    :class:`OutOfBlocksError` before changing anything.
+
+    Args:
+        num_blocks: blocks in the pool.
+        block_size: token slots per block.
+        num_kv_heads: key/value heads per layer.
+        head_dim: features per head (keys and values alike).
+        num_layers: layers whose keys and values the pool holds; the layers of a sequence
+            share its block table, each layer counts its own tokens.
+        dtype: the floating dtype of the pool.
+        device: where to allocate the pool.
+
+    Shapes:
+        ``key_blocks`` and ``value_blocks``: ``(num_layers, num_blocks, block_size,
+        num_kv_heads, head_dim)``. :meth:`append` takes keys and values of shape
+        ``(num_kv_heads, T_new, head_dim)``; :meth:`gather` returns two tensors of shape
+        ``(num_kv_heads, length, head_dim)``.
+
+    Returns:
+        (a class) ``blocks_in_use`` counts the blocks that some sequence holds;
+        ``block_nbytes`` is the bytes of one block (keys and values of every layer).
+
+    Taught in chapter 16.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        num_layers: int = 1,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
+                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                            ("num_layers", num_layers)):
+            _check_positive_int(name, value)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.num_layers = num_layers
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.key_blocks = torch.zeros(shape, dtype=dtype, device=device)
+        self.value_blocks = torch.zeros(shape, dtype=dtype, device=device)
+        self._free = list(range(num_blocks))  # a heap: the lowest free id is taken first
+        self._ref_counts = [0] * num_blocks
+        self._tables: dict[Hashable, list[int]] = {}
+        self._lengths: dict[Hashable, list[int]] = {}  # tokens held, per layer
+        self._freed: set[Hashable] = set()
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the pool."""
+        return self.key_blocks.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the pool lives."""
+        return self.key_blocks.device
+
+    @property
+    def blocks_in_use(self) -> int:
+        """Blocks that at least one sequence holds (a shared block counts once)."""
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence holds."""
+        return len(self._free)
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes of one block: the keys and values of ``block_size`` tokens in every layer."""
+        return 2 * self.key_blocks[:, 0].nbytes
+
+    @property
+    def seq_ids(self) -> list:
+        """The sequences the cache holds, in the order they were added."""
+        return list(self._tables)
+
+    def __contains__(self, seq_id: object) -> bool:
+        try:
+            return seq_id in self._tables
+        except TypeError:
+            return False
+
+    def __repr__(self) -> str:
+        return (f"PagedKVCache(sequences={len(self._tables)}, blocks_in_use={self.blocks_in_use}"
+                f"/{self.num_blocks}, block_size={self.block_size})")
+
+    def _check_layer(self, layer: object) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError(f"layer must be an int, got {type(layer).__name__}")
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must lie in [0, num_layers={self.num_layers}), got {layer}")
+        return layer
+
+    def _check_seq(self, seq_id: object) -> Hashable:
+        try:
+            known = seq_id in self._tables
+        except TypeError:
+            raise TypeError(
+                f"seq_id must be hashable (an int or a str), got {type(seq_id).__name__}"
+            ) from None
+        if not known:
+            if seq_id in self._freed:
+                raise ValueError(f"seq_id {seq_id!r} was freed: its blocks went back to the "
+                                 "pool; add_sequence it again to start over")
+            held = list(self._tables)
+            shown = ", ".join(map(repr, held[:10])) + (", ..." if len(held) > 10 else "")
+            raise ValueError(f"unknown seq_id {seq_id!r}: the cache holds {len(held)} "
+                             f"sequences [{shown}]")
+        return seq_id
+
+    def _check_new(self, seq_id: object, what: str) -> Hashable:
+        try:
+            hash(seq_id)
+        except TypeError:
+            raise TypeError(
+                f"{what} must be hashable (an int or a str), got {type(seq_id).__name__}"
+            ) from None
+        if seq_id in self._tables:
+            raise ValueError(f"{what} {seq_id!r} is already in the cache")
+        return seq_id
+
+    def length(self, seq_id: Hashable, layer: int = 0) -> int:
+        """The number of tokens ``seq_id`` holds in ``layer``.
+
+        Args:
+            seq_id: a sequence of the cache.
+            layer: which layer's count (they agree after a whole forward pass).
+
+        Shapes:
+            (numbers only)
+
+        Returns:
+            An int.
+        """
+        return self._lengths[self._check_seq(seq_id)][self._check_layer(layer)]
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        """The ids of the blocks that hold ``seq_id``'s tokens, in order (a copy).
+
+        Args:
+            seq_id: a sequence of the cache.
+
+        Shapes:
+            (numbers only)
+
+        Returns:
+            A list of block ids; token ``t`` lives in block ``table[t // block_size]``.
+        """
+        return list(self._tables[self._check_seq(seq_id)])
+
+    def ref_count(self, block: int) -> int:
+        """How many sequences hold ``block`` (0 for a free block).
+
+        Args:
+            block: a block id in ``[0, num_blocks)``.
+
+        Shapes:
+            (numbers only)
+
+        Returns:
+            An int.
+        """
+        if isinstance(block, bool) or not isinstance(block, int):
+            raise TypeError(f"block must be an int, got {type(block).__name__}")
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"block must lie in [0, num_blocks={self.num_blocks}), got {block}")
+        return self._ref_counts[block]
+
+    # ------------------------------------------------------------------ the pool
+
+    def _allocate(self) -> int:
+        block = heapq.heappop(self._free)
+        self._ref_counts[block] = 1
+        # A block comes back zeroed, so the slots past a sequence's length never hold another
+        # sequence's keys and values (a NaN there would survive a zero attention weight).
+        self.key_blocks[:, block] = 0.0
+        self.value_blocks[:, block] = 0.0
+        return block
+
+    def _release(self, block: int) -> None:
+        self._ref_counts[block] -= 1
+        if self._ref_counts[block] == 0:
+            heapq.heappush(self._free, block)
+
+    def _copy_block(self, source: int, target: int) -> None:
+        self.key_blocks[:, target] = self.key_blocks[:, source]
+        self.value_blocks[:, target] = self.value_blocks[:, source]
+
+    def _blocks_needed(self, seq_ids: Sequence[Hashable], num_new: int, layer: int) -> int:
+        """New blocks plus copies of shared blocks for appending ``num_new`` tokens to each."""
+        needed = 0
+        given_up: dict[int, int] = {}  # shared block -> sequences that will have copied it
+        for seq_id in seq_ids:
+            table, count = self._tables[seq_id], self._lengths[seq_id][layer]
+            end = count + num_new
+            if num_new == 0:
+                continue
+            blocks_after = _blocks_for(end, self.block_size)
+            needed += max(0, blocks_after - len(table))
+            for index in range(count // self.block_size, min(len(table), blocks_after)):
+                block = table[index]
+                if self._ref_counts[block] - given_up.get(block, 0) > 1:
+                    needed += 1
+                    given_up[block] = given_up.get(block, 0) + 1
+        return needed
+
+    def _make_room(self, seq_id: Hashable, num_new: int, layer: int) -> None:
+        """Copy the shared blocks that the append writes into; add the blocks it needs."""
+        table, count = self._tables[seq_id], self._lengths[seq_id][layer]
+        blocks_after = _blocks_for(count + num_new, self.block_size)
+        for index in range(count // self.block_size, min(len(table), blocks_after)):
+            shared = table[index]
+            if self._ref_counts[shared] > 1:  # copy-on-write
+                private = self._allocate()
+                self._copy_block(shared, private)
+                self._release(shared)
+                table[index] = private
+        while len(table) < blocks_after:
+            table.append(self._allocate())
+
+    def _slots(self, seq_id: Hashable, start: int, num_new: int) -> torch.Tensor:
+        positions = torch.arange(start, start + num_new, device=self.device)  # (T_new,)
+        table = torch.tensor(self._tables[seq_id], dtype=torch.long, device=self.device)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def _append_many(self, seq_ids: list, keys: torch.Tensor, values: torch.Tensor,
+                     layer: int) -> torch.Tensor:
+        """Append ``keys[i]`` and ``values[i]`` to ``seq_ids[i]``: all or nothing; return the slots."""
+        num_new = keys.size(2)
+        needed = self._blocks_needed(seq_ids, num_new, layer)
+        if needed > len(self._free):
+            counts = [self._lengths[seq_id][layer] for seq_id in seq_ids]
+            raise OutOfBlocksError(
+                f"appending {num_new} token(s) to {len(seq_ids)} sequence(s) holding "
+                f"{counts} tokens (layer {layer}) needs {needed} more block(s) of "
+                f"{self.block_size} tokens (new blocks and copies of shared ones), but only "
+                f"{len(self._free)} of the {self.num_blocks} blocks are free; nothing was "
+                "changed: free a sequence or build a larger pool"
+            )
+        if num_new == 0:
+            return torch.zeros(0, dtype=torch.long, device=self.device)
+        slots = []
+        for seq_id in seq_ids:
+            start = self._lengths[seq_id][layer]
+            self._make_room(seq_id, num_new, layer)
+            slots.append(self._slots(seq_id, start, num_new))
+        slots = torch.cat(slots)  # (B * T_new,)
+        self._write_slots(seq_ids, slots, keys, values, layer)
+        return slots
+
+    def _write_slots(self, seq_ids: list, slots: torch.Tensor, keys: torch.Tensor,
+                     values: torch.Tensor, layer: int) -> None:
+        """Write new tokens into slots that ``_append_many`` chose (for the same tokens)."""
+        shape = (-1, self.num_kv_heads, self.head_dim)
+        # (B, H_kv, T_new, head_dim) -> one row of (H_kv, head_dim) per token, in the slot order
+        self.key_blocks[layer].view(shape)[slots] = keys.transpose(1, 2).reshape(shape)
+        self.value_blocks[layer].view(shape)[slots] = values.transpose(1, 2).reshape(shape)
+        for seq_id in seq_ids:
+            self._lengths[seq_id][layer] += keys.size(2)
+
+    def _padded_tables(self, seq_ids: Sequence[Hashable],
+                       layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block tables as one ``(B, max_blocks)`` tensor, and the lengths ``(B,)``.
+
+        A short table is padded with its own last block, whose extra copies the causal mask
+        hides: the padding reads no other sequence's keys and values.
+        """
+        tables = [self._tables[seq_id] for seq_id in seq_ids]
+        width = max(1, max(len(table) for table in tables))
+        padded = torch.zeros(len(tables), width, dtype=torch.long)  # (B, max_blocks)
+        for row, table in enumerate(tables):
+            if table:
+                padded[row] = torch.tensor(table + table[-1:] * (width - len(table)))
+        lengths = torch.tensor([self._lengths[seq_id][layer] for seq_id in seq_ids])  # (B,)
+        return padded.to(self.device), lengths.to(self.device)
+
+    # ------------------------------------------------------------------ the public operations
+
+    def add_sequence(self, seq_id: Hashable) -> None:
+        """Start an empty sequence; it takes no block until its first append.
+
+        Args:
+            seq_id: a new, hashable id (an int or a str).
+
+        Shapes:
+            (no tensors)
+
+        Returns:
+            None.
+        """
+        seq_id = self._check_new(seq_id, "seq_id")
+        self._tables[seq_id] = []
+        self._lengths[seq_id] = [0] * self.num_layers
+        self._freed.discard(seq_id)
+
+    def append(self, seq_id: Hashable, keys: torch.Tensor, values: torch.Tensor,
+               layer: int = 0) -> None:
+        """Write the keys and values of ``T_new`` new tokens after the tokens ``seq_id`` holds.
+
+        A block is taken from the pool when the last one is full; a block the sequence shares
+        with another is copied before the first write into it. When the pool has too few
+        free blocks, :class:`OutOfBlocksError` is raised and nothing changes.
+
+        Args:
+            seq_id: a sequence of the cache.
+            keys: the new tokens' keys.
+            values: the new tokens' values.
+            layer: which layer's keys and values these are.
+
+        Shapes:
+            keys and values ``(num_kv_heads, T_new, head_dim)``.
+
+        Returns:
+            None.
+        """
+        seq_id = self._check_seq(seq_id)
+        layer = self._check_layer(layer)
+        for name, tensor in (("keys", keys), ("values", values)):
+            self._check_new_tokens(name, tensor, 3, "(num_kv_heads, T_new, head_dim)")
+        if keys.shape != values.shape:
+            raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} "
+                             "must have the same shape (num_kv_heads, T_new, head_dim)")
+        self._append_many([seq_id], keys[None], values[None], layer)
+
+    def _check_new_tokens(self, name: str, tensor: object, dims: int, layout: str) -> None:
+        _require_float(name, tensor)
+        expected = (self.num_kv_heads, self.head_dim)
+        if tensor.dim() != dims or (tensor.size(-3), tensor.size(-1)) != expected:
+            raise ValueError(
+                f"{name} must have shape {layout} with num_kv_heads={self.num_kv_heads} and "
+                f"head_dim={self.head_dim}, got {tuple(tensor.shape)}"
+            )
+        if tensor.dtype != self.dtype:
+            raise TypeError(f"the cache stores {self.dtype}, got {name} of dtype {tensor.dtype}")
+        if tensor.device != self.device:
+            raise ValueError(f"the cache lives on {self.device}, got {name} on {tensor.device}")
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+        """Start ``child_id`` as a copy of ``parent_id`` that shares all its blocks.
+
+        Nothing is copied now: each shared block's reference count goes up by one, and the
+        first write into a shared block copies it (copy-on-write). A fork never needs a free
+        block.
+
+        Args:
+            parent_id: a sequence of the cache.
+            child_id: a new, hashable id.
+
+        Shapes:
+            (no tensors)
+
+        Returns:
+            None.
+        """
+        parent_id = self._check_seq(parent_id)
+        child_id = self._check_new(child_id, "child_id")
+        self._tables[child_id] = list(self._tables[parent_id])
+        self._lengths[child_id] = list(self._lengths[parent_id])
+        for block in self._tables[child_id]:
+            self._ref_counts[block] += 1
+        self._freed.discard(child_id)
+
+    def free(self, seq_id: Hashable) -> None:
+        """Forget ``seq_id``; each of its blocks that no other sequence holds goes back to the pool.
+
+        Args:
+            seq_id: a sequence of the cache.
+
+        Shapes:
+            (no tensors)
+
+        Returns:
+            None.
+        """
+        seq_id = self._check_seq(seq_id)
+        for block in self._tables.pop(seq_id):
+            self._release(block)
+        del self._lengths[seq_id]
+        self._freed.add(seq_id)
+
+    def gather(self, seq_id: Hashable, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values ``seq_id`` holds in ``layer``, read through its block table.
+
+        Args:
+            seq_id: a sequence of the cache.
+            layer: which layer.
+
+        Shapes:
+            returns keys and values, each ``(num_kv_heads, length, head_dim)``.
+
+        Returns:
+            ``(keys, values)``, new tensors (not views of the pool).
+        """
+        seq_id = self._check_seq(seq_id)
+        layer = self._check_layer(layer)
+        table = torch.tensor(self._tables[seq_id], dtype=torch.long, device=self.device)
+        length = self._lengths[seq_id][layer]
+        gathered = []
+        for pool in (self.key_blocks[layer], self.value_blocks[layer]):
+            blocks = pool[table]  # (num_table_blocks, block_size, H_kv, head_dim)
+            tokens = blocks.reshape(-1, self.num_kv_heads, self.head_dim)[:length]  # (T, H_kv, hd)
+            gathered.append(tokens.transpose(0, 1).contiguous())  # (H_kv, T, head_dim)
+        return gathered[0], gathered[1]
+
+
+def _causal_through_tables(num_new: int, tables: torch.Tensor,
+                           lengths: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Which slots each new query may see: ``(B, T_new, max_blocks * block_size)``."""
+    key_positions = torch.arange(tables.size(1) * block_size, device=tables.device)  # (T_slots,)
+    query_positions = (lengths[:, None] - num_new
+                       + torch.arange(num_new, device=tables.device))  # (B, T_new)
+    # Bottom-right causal: query t of a sequence of length L sits at L - T_new + t. The slots
+    # past the length (zeros, or padding of the table) are never reached.
+    return key_positions[None, None, :] <= query_positions[:, :, None]  # (B, T_new, T_slots)
+
+
+def _attend_through_tables(queries: torch.Tensor, key_pool: torch.Tensor,
+                           value_pool: torch.Tensor, tables: torch.Tensor,
+                           allowed: torch.Tensor) -> torch.Tensor:
+    """Causal attention of the last ``T_new`` tokens of each sequence, keys read via ``tables``."""
+    batch_size, num_heads, num_new, head_dim = queries.shape
+    num_kv_heads = key_pool.size(2)
+    group_size = num_heads // num_kv_heads
+    # (B, max_blocks, block_size, H_kv, hd) -> (B, H_kv, max_blocks * block_size, hd)
+    keys = key_pool[tables].flatten(1, 2).permute(0, 2, 1, 3)
+    values = value_pool[tables].flatten(1, 2).permute(0, 2, 1, 3)
+    # Each key/value head serves group_size consecutive query heads (grouped-query attention).
+    grouped = queries.reshape(batch_size, num_kv_heads, group_size, num_new, head_dim)
+    scores = grouped @ keys[:, :, None].transpose(-2, -1) * (1.0 / math.sqrt(head_dim))
+    # scores: (B, H_kv, group, T_new, T_slots)
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (B, H_kv, group, T_new, T_slots)
+    context = weights @ values[:, :, None]  # (B, H_kv, group, T_new, head_dim)
+    return context.reshape(batch_size, num_heads, num_new, head_dim)  # (B, H, T_new, hd)
+
+
+def _check_seq_ids(seq_ids: object) -> list:
+    if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Sequence):
+        raise TypeError(f"seq_ids must be a list of sequence ids, got {type(seq_ids).__name__}")
+    return list(seq_ids)
+
+
+def paged_attention(queries: torch.Tensor, cache: PagedKVCache, seq_ids: Sequence[Hashable],
+                    *, layer: int = 0) -> torch.Tensor:
+    """Causal attention of the newest tokens of several sequences over a paged cache.
+
+    Sequence ``i`` holds ``L_i`` tokens in ``layer`` (its new tokens already appended); its
+    ``T_new`` queries are positions ``L_i - T_new … L_i - 1`` and each sees the keys up to its
+    own position (the causal mask aligned bottom-right, as in chapter 10). The keys and values
+    are read through each sequence's block table; the result equals attention over contiguous
+    keys and values. Query head ``h`` uses key/value head ``h // (num_heads / num_kv_heads)``
+    (grouped-query attention, chapter 7).
+
+    Args:
+        queries: the queries of the last ``T_new`` tokens of each sequence.
+        cache: the paged cache holding the sequences.
+        seq_ids: the sequences, one per row of ``queries``.
+        layer: which layer of the cache to read.
+
+    Shapes:
+        queries ``(len(seq_ids), num_heads, T_new, head_dim)`` with ``num_heads`` a multiple
+        of the cache's ``num_kv_heads``; returns ``(len(seq_ids), num_heads, T_new, head_dim)``.
+
+    Returns:
+        The context vectors of the new tokens.
+
+    Taught in chapter 16.
+    """
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    seq_ids = _check_seq_ids(seq_ids)
+    layer = cache._check_layer(layer)
+    _require_float("queries", queries)
+    if queries.dim() != 4:
+        raise ValueError(f"queries must have shape (len(seq_ids), num_heads, T_new, head_dim), "
+                         f"got {tuple(queries.shape)}")
+    batch_size, num_heads, num_new, head_dim = queries.shape
+    if batch_size != len(seq_ids):
+        raise ValueError(f"queries has {batch_size} rows (shape {tuple(queries.shape)}) but "
+                         f"seq_ids names {len(seq_ids)} sequences")
+    if head_dim != cache.head_dim:
+        raise ValueError(f"queries have head_dim={head_dim} (shape {tuple(queries.shape)}) but "
+                         f"the cache stores head_dim={cache.head_dim}")
+    if num_heads % cache.num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of the cache's "
+                         f"num_kv_heads ({cache.num_kv_heads})")
+    if queries.dtype != cache.dtype:
+        raise TypeError(f"the cache stores {cache.dtype}, got queries of dtype {queries.dtype}")
+    for seq_id in seq_ids:
+        held = cache.length(seq_id, layer)
+        if held < num_new:
+            raise ValueError(
+                f"sequence {seq_id!r} holds {held} tokens in layer {layer}, fewer than the "
+                f"T_new={num_new} queries: append the new tokens' keys and values first"
+            )
+    if batch_size == 0 or num_new == 0:
+        return queries.new_zeros(queries.shape)
+    tables, lengths = cache._padded_tables(seq_ids, layer)
+    allowed = _causal_through_tables(num_new, tables, lengths, cache.block_size)
+    return _attend_through_tables(queries, cache.key_blocks[layer], cache.value_blocks[layer],
+                                  tables, allowed)
+
+
+# ---------------------------------------------------------------------- the model on a paged cache
+
+
+def _check_model(model: object) -> TinyGPT:
+    if not isinstance(model, TinyGPT):
+        raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
+    if model.training:
+        raise ValueError(
+            "the model is in training mode: its dropout would make every run different and "
+            "the tokens would not match model.generate; call model.eval() first"
+        )
+    for index, block in enumerate(model.blocks):
+        attention = block.attention
+        if getattr(attention, "sink_logit", None) is not None:
+            raise ValueError(f"block {index}'s attention has an attention sink, which "
+                             "paged_attention does not implement")
+        if not attention.causal:
+            raise ValueError(f"block {index}'s attention is not causal; a decoder's cache "
+                             "needs causal attention")
+    return model
+
+
+def _check_tokens(model: TinyGPT, idx: object, name: str = "idx") -> None:
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of token ids, got {type(idx).__name__}")
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {idx.dtype}")
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= model.vocab_size):
+        raise ValueError(f"token ids of {name} must lie in [0, vocab_size={model.vocab_size}), "
+                         f"got ids from {int(idx.min())} to {int(idx.max())}")
+
+
+def _check_cache_fits(model: TinyGPT, cache: PagedKVCache) -> None:
+    attention = model.blocks[0].attention
+    dtype = next(model.parameters()).dtype
+    expected = (len(model.blocks), attention.num_kv_heads, attention.head_dim, dtype)
+    actual = (cache.num_layers, cache.num_kv_heads, cache.head_dim, cache.dtype)
+    if expected != actual:
+        raise ValueError(
+            f"the cache (num_layers, num_kv_heads, head_dim, dtype) = {actual} does not fit the "
+            f"model, which needs {expected}"
+        )
+
+
+@torch.no_grad()
+def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashable],
+                  idx: torch.Tensor) -> torch.Tensor:
+    """Run ``model`` on the next ``T_new`` tokens of several sequences, with a paged cache.
+
+    The tokens of sequence ``i`` take the positions after the ones it holds; every layer
+    appends their keys and values to the cache and attends over the sequence's cached tokens
+    with :func:`paged_attention`. It is ``model``'s own forward pass, block by block (the
+    learned position embedding, or RoPE with each sequence's own positions when the model's
+    attention has ``rope=True``), so the logits equal those of ``model(whole sequence)`` at the
+    new positions. If the pool runs out, :class:`OutOfBlocksError` is raised before any layer
+    writes.
+
+    Args:
+        model: a :class:`~attention_book.model.TinyGPT` in eval mode.
+        cache: a :class:`PagedKVCache` with the model's layers, key/value heads, head size and
+            dtype, holding every sequence of ``seq_ids`` (the same length in every layer).
+        seq_ids: the sequences, one per row of ``idx``, each named once.
+        idx: the new token ids.
+
+    Shapes:
+        idx ``(len(seq_ids), T_new)`` -> logits ``(len(seq_ids), T_new, vocab_size)``.
+
+    Returns:
+        The logits at the new positions.
+
+    Taught in chapter 16.
+    """
+    model = _check_model(model)
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    _check_cache_fits(model, cache)
+    seq_ids = _check_seq_ids(seq_ids)
+    if len(set(seq_ids)) != len(seq_ids):
+        raise ValueError(f"seq_ids must name each sequence once, got {seq_ids}")
+    _check_tokens(model, idx)
+    if idx.dim() != 2 or idx.size(0) != len(seq_ids):
+        raise ValueError(f"idx must have shape (len(seq_ids)={len(seq_ids)}, T_new), got "
+                         f"{tuple(idx.shape)}")
+    starts = []
+    for seq_id in seq_ids:
+        counts = [cache.length(seq_id, layer) for layer in range(cache.num_layers)]
+        if len(set(counts)) != 1:
+            raise ValueError(f"sequence {seq_id!r} holds {counts} tokens in its layers; "
+                             "paged_forward needs the same number in every layer")
+        starts.append(counts[0])
+    batch_size, num_new = idx.shape
+    if starts and max(starts) + num_new > model.context_length:
+        raise ValueError(f"a sequence holding {max(starts)} tokens plus T_new={num_new} makes "
+                         f"{max(starts) + num_new}, which exceeds "
+                         f"context_length={model.context_length}")
+    start = torch.tensor(starts, dtype=torch.long, device=idx.device)  # (B,)
+    positions = start[:, None] + torch.arange(num_new, device=idx.device)  # (B, T_new)
+
+    x = model.token_embedding(idx)  # (B, T_new, d_model)
+    position_embedding = getattr(model, "position_embedding", None)
+    if position_embedding is not None:
+        x = x + position_embedding(positions)  # (B, T_new, d_model)
+    x = model.embedding_dropout(x)
+    tables = allowed = slots = None
+    for layer, block in enumerate(model.blocks):
+        attention = block.attention
+        num_heads, num_kv_heads = attention.num_heads, attention.num_kv_heads
+        head_dim = attention.head_dim
+        normed = block.attention_norm(x)  # (B, T_new, d_model)
+        queries = attention.W_query(normed).view(batch_size, num_new, num_heads, head_dim)
+        queries = queries.transpose(1, 2)  # (B, num_heads, T_new, head_dim)
+        keys = attention.W_key(normed).view(batch_size, num_new, num_kv_heads, head_dim)
+        keys = keys.transpose(1, 2)  # (B, num_kv_heads, T_new, head_dim)
+        values = attention.W_value(normed).view(batch_size, num_new, num_kv_heads, head_dim)
+        values = values.transpose(1, 2)  # (B, num_kv_heads, T_new, head_dim)
+        if attention.rope:
+            # Each sequence's own positions: (B, 1, T_new) broadcasts over the heads.
+            queries = rotary_embedding(queries, positions[:, None, :], base=attention.rope_base)
+            keys = rotary_embedding(keys, positions[:, None, :], base=attention.rope_base)
+        if slots is None:
+            # Layer 0 takes the blocks (all or nothing, copying shared ones); every later layer
+            # writes the same tokens into the same slots, and reads through the same tables.
+            slots = cache._append_many(seq_ids, keys, values, layer)
+            tables, lengths = cache._padded_tables(seq_ids, layer)
+            allowed = _causal_through_tables(num_new, tables, lengths, cache.block_size)
+        else:
+            cache._write_slots(seq_ids, slots, keys, values, layer)
+        context = _attend_through_tables(queries, cache.key_blocks[layer],
+                                         cache.value_blocks[layer], tables, allowed)
+        context = context.transpose(1, 2).reshape(batch_size, num_new, attention.d_out)
+        x = x + block.attention_dropout(attention.out_proj(context))  # (B, T_new, d_model)
+        if not block.attention_only:
+            x = x + block.mlp(block.mlp_norm(x))  # (B, T_new, d_model)
+    return model.output(model.final_norm(x))  # (B, T_new, vocab_size)
+
+
+# ---------------------------------------------------------------------- continuous batching
+
+
+@dataclass
+class StepRecord:
+    """What one step of a :class:`ContinuousBatcher` did.
+
+    Attributes:
+        step: the step's index, from 0.
+        decoded: requests that got a token from the step's one batched decoding forward.
+        admitted: requests whose prompt (and tokens so far) was prefilled this step; each got
+            its next token from that forward pass.
+        finished: requests that generated their last token this step.
+        preempted: requests sent back to the queue to free their blocks.
+        blocks_in_use: blocks of the pool in use after the step.
+
+    Taught in chapter 16.
+    """
+
+    step: int
+    decoded: list[int] = field(default_factory=list)
+    admitted: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    blocks_in_use: int = 0
+
+
+@dataclass
+class _Request:
+    prompt: torch.Tensor  # (T_prompt,)
+    max_new_tokens: int
+    generated: list[int] = field(default_factory=list)
+
+    def tokens(self) -> torch.Tensor:
+        new = torch.tensor(self.generated, dtype=torch.long, device=self.prompt.device)
+        return torch.cat([self.prompt, new])  # (T_prompt + generated,), as model.generate's
+
+    @property
+    def done(self) -> bool:
+        return len(self.generated) >= self.max_new_tokens
+
+
+class ContinuousBatcher:
+    """Greedy generation for many requests that arrive and finish at different times.
+
+    Each :meth:`step` first runs **one** batched forward pass that decodes the next token of
+    every running request (:func:`paged_forward` with one new token per sequence), retires
+    the requests that are done and frees their blocks, then admits waiting requests in
+    arrival order while the pool has room: each admitted request's prompt is prefilled in a
+    forward pass of its own, which also gives its first token. A request is admitted only if
+    the blocks for its prompt, plus the blocks that the running requests and it will need at
+    the next step, are free.
+
+    When a decoding step needs more blocks than are free, the most recently admitted running
+    request is **preempted**: its blocks go back to the pool and it returns to the front of
+    the queue; when it is admitted again, its prompt and the tokens generated so far are
+    prefilled again (recomputation), so its tokens do not change. A request that could not fit
+    in the pool even alone is refused at :meth:`submit` with :class:`OutOfBlocksError`.
+
+    Args:
+        model: a :class:`~attention_book.model.TinyGPT` in eval mode.
+        block_size: token slots per block.
+        num_blocks: blocks in the pool.
+        max_batch_size: the most requests that run at once (default: as many as fit).
+
+    Shapes:
+        :meth:`submit` takes a prompt ``(T_prompt,)`` of token ids; :meth:`output` returns
+        ``(T_prompt + tokens generated so far,)``.
+
+    Returns:
+        (a class) ``history`` holds one :class:`StepRecord` per step; ``cache`` is the
+        :class:`PagedKVCache`.
+
+    Taught in chapter 16.
+    """
+
+    def __init__(self, model: TinyGPT, *, block_size: int = 16, num_blocks: int,
+                 max_batch_size: int | None = None):
+        self.model = _check_model(model)
+        _check_positive_int("block_size", block_size)
+        _check_positive_int("num_blocks", num_blocks)
+        if max_batch_size is not None:
+            _check_positive_int("max_batch_size", max_batch_size)
+        attention = model.blocks[0].attention
+        parameter = next(model.parameters())
+        self.cache = PagedKVCache(num_blocks, block_size, attention.num_kv_heads,
+                                  attention.head_dim, num_layers=len(model.blocks),
+                                  dtype=parameter.dtype, device=parameter.device)
+        self.max_batch_size = max_batch_size
+        self.history: list[StepRecord] = []
+        self._requests: list[_Request] = []
+        self._waiting: deque[int] = deque()
+        self._running: list[int] = []  # in the order they were admitted
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted (or preempted) and not running."""
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Requests whose tokens are in the cache."""
+        return len(self._running)
+
+    @property
+    def done(self) -> bool:
+        """True when no request waits or runs."""
+        return not self._waiting and not self._running
+
+    def submit(self, prompt: torch.Tensor, max_new_tokens: int) -> int:
+        """Queue a request: ``prompt`` followed by up to ``max_new_tokens`` greedy tokens.
+
+        Args:
+            prompt: the request's token ids.
+            max_new_tokens: how many tokens to generate.
+
+        Shapes:
+            prompt ``(T_prompt,)``, ``T_prompt >= 1``.
+
+        Returns:
+            The request id (0, 1, 2, … in the order of submission).
+        """
+        _check_tokens(self.model, prompt, "prompt")
+        if prompt.dim() != 1 or prompt.numel() == 0:
+            raise ValueError(f"prompt must have shape (T_prompt,) with T_prompt >= 1, got "
+                             f"{tuple(prompt.shape)}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
+                max_new_tokens < 0):
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        total = prompt.numel() + max_new_tokens
+        if total > self.model.context_length:
+            raise ValueError(f"a prompt of {prompt.numel()} tokens plus max_new_tokens="
+                             f"{max_new_tokens} makes {total}, which exceeds "
+                             f"context_length={self.model.context_length}")
+        # The last generated token is never fed back, so it needs no slot.
+        blocks = _blocks_for(total - 1, self.cache.block_size)
+        if blocks > self.cache.num_blocks:
+            raise OutOfBlocksError(
+                f"a request of {prompt.numel()} prompt tokens and up to {max_new_tokens} new "
+                f"ones needs {blocks} blocks of {self.cache.block_size} tokens, but the pool "
+                f"has only {self.cache.num_blocks}"
+            )
+        self._requests.append(_Request(prompt.clone(), max_new_tokens))
+        request_id = len(self._requests) - 1
+        if max_new_tokens > 0:
+            self._waiting.append(request_id)
+        return request_id
+
+    def output(self, request_id: int) -> torch.Tensor:
+        """The prompt of ``request_id`` followed by the tokens generated so far.
+
+        Args:
+            request_id: an id returned by :meth:`submit`.
+
+        Shapes:
+            returns ``(T_prompt + tokens generated so far,)``.
+
+        Returns:
+            A tensor of token ids.
+        """
+        if isinstance(request_id, bool) or not isinstance(request_id, int) or not (
+                0 <= request_id < len(self._requests)):
+            raise ValueError(f"unknown request_id {request_id!r}: {len(self._requests)} "
+                             "requests were submitted")
+        return self._requests[request_id].tokens()
+
+    def _next_need(self, request_id: int) -> int:
+        """Blocks the request's next decoding step takes: 1 when its last block is full."""
+        return int(self.cache.length(request_id) % self.cache.block_size == 0)
+
+    def _preempt(self, request_id: int, record: StepRecord) -> None:
+        self._running.remove(request_id)
+        self.cache.free(request_id)
+        self._waiting.appendleft(request_id)
+        record.preempted.append(request_id)
+
+    def _retire(self, request_id: int, record: StepRecord) -> None:
+        self.cache.free(request_id)
+        record.finished.append(request_id)
+
+    def _decode(self, record: StepRecord) -> None:
+        while self._running and sum(map(self._next_need, self._running)) > (
+                self.cache.num_free_blocks):
+            self._preempt(self._running[-1], record)
+        if not self._running:
+            return
+        batch = list(self._running)
+        last = torch.stack([self._requests[i].tokens()[-1:] for i in batch])  # (B, 1)
+        logits = paged_forward(self.model, self.cache, batch, last)  # (B, 1, vocab_size)
+        next_tokens = logits[:, -1].argmax(dim=-1).tolist()  # B ints
+        for request_id, token in zip(batch, next_tokens, strict=True):
+            request = self._requests[request_id]
+            request.generated.append(token)
+            record.decoded.append(request_id)
+            if request.done:
+                self._running.remove(request_id)
+                self._retire(request_id, record)
+
+    def _admit(self, record: StepRecord) -> None:
+        block_size = self.cache.block_size
+        while self._waiting and (self.max_batch_size is None
+                                 or len(self._running) < self.max_batch_size):
+            request_id = self._waiting[0]
+            request = self._requests[request_id]
+            tokens = request.tokens()  # the prompt, and after a preemption the tokens so far
+            needed = (_blocks_for(tokens.numel(), block_size)
+                      + int(tokens.numel() % block_size == 0)
+                      + sum(map(self._next_need, self._running)))
+            if needed > self.cache.num_free_blocks and self._running:
+                break
+            if _blocks_for(tokens.numel(), block_size) > self.cache.num_free_blocks:
+                break
+            self._waiting.popleft()
+            self.cache.add_sequence(request_id)
+            logits = paged_forward(self.model, self.cache, [request_id], tokens[None])
+            request.generated.append(int(logits[0, -1].argmax()))
+            record.admitted.append(request_id)
+            if request.done:
+                self._retire(request_id, record)
+            else:
+                self._running.append(request_id)
+
+    def step(self) -> StepRecord:
+        """Decode one token for every running request, retire the finished, admit the waiting.
+
+        Args:
+            (none)
+
+        Shapes:
+            (no tensors)
+
+        Returns:
+            The :class:`StepRecord` of this step (also appended to ``history``).
+        """
+        record = StepRecord(step=len(self.history))
+        self._decode(record)
+        self._admit(record)
+        record.blocks_in_use = self.cache.blocks_in_use
+        self.history.append(record)
+        return record
+
+    def run(self) -> list[StepRecord]:
+        """Call :meth:`step` until no request waits or runs.
+
+        Args:
+            (none)
+
+        Shapes:
+            (no tensors)
+
+        Returns:
+            The records of the steps this call ran.
+        """
+        first = len(self.history)
+        while not self.done:
+            self.step()
+        return self.history[first:]
+
+
+def generate_batch(model: TinyGPT, prompts: Sequence[torch.Tensor],
+                   max_new_tokens: int | Sequence[int], *, block_size: int = 16,
+                   num_blocks: int | None = None) -> list[torch.Tensor]:
+    """Generate greedily for many prompts at once, with a paged cache and continuous batching.
+
+    Every prompt is submitted to a :class:`ContinuousBatcher` at once, and steps run until all
+    are done. Each result equals ``model.generate(prompt[None], n)[0]``: the same greedy
+    tokens, computed in batches. (Batched arithmetic rounds differently from one sequence at a
+    time; in float64 the logits agree to about 1e-15, in float32 to about 1e-6, so a near-tie
+    between the two most likely tokens could, rarely, resolve differently in float32.)
+
+    Args:
+        model: a :class:`~attention_book.model.TinyGPT` in eval mode.
+        prompts: the prompts, of any lengths.
+        max_new_tokens: tokens to generate, one int for all prompts or one per prompt.
+        block_size: token slots per block of the cache.
+        num_blocks: blocks in the pool; default: enough for every request at once. With fewer,
+            requests wait for room, and running ones may be preempted and recomputed.
+
+    Shapes:
+        each prompt ``(T_i,)`` -> each result ``(T_i + n_i,)``.
+
+    Returns:
+        A list of token-id tensors, one per prompt, in the order of ``prompts``.
+
+    Taught in chapter 16.
+    """
+    model = _check_model(model)
+    if isinstance(prompts, torch.Tensor) and prompts.dim() == 2:
+        prompts = list(prompts)
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of 1-D token tensors, got "
+                        f"{type(prompts).__name__}")
+    if isinstance(max_new_tokens, Sequence):
+        if len(max_new_tokens) != len(prompts):
+            raise ValueError(f"max_new_tokens names {len(max_new_tokens)} counts for "
+                             f"{len(prompts)} prompts")
+        counts = list(max_new_tokens)
+    else:
+        counts = [max_new_tokens] * len(prompts)
+    _check_positive_int("block_size", block_size)
+    for index, prompt in enumerate(prompts):
+        _check_tokens(model, prompt, f"prompts[{index}]")
+        if prompt.dim() != 1 or prompt.numel() == 0:
+            raise ValueError(f"prompts[{index}] must have shape (T,) with T >= 1, got "
+                             f"{tuple(prompt.shape)}")
+    for count in counts:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"max_new_tokens must be ints >= 0, got {count!r}")
+    if num_blocks is None:
+        num_blocks = max(1, sum(_blocks_for(max(0, prompt.numel() + count - 1), block_size)
+                                for prompt, count in zip(prompts, counts, strict=True)))
+    batcher = ContinuousBatcher(model, block_size=block_size, num_blocks=num_blocks)
+    request_ids = [batcher.submit(prompt, count)
+                   for prompt, count in zip(prompts, counts, strict=True)]
+    batcher.run()
+    return [batcher.output(request_id) for request_id in request_ids]
