@@ -4,14 +4,16 @@ The functional core (``softmax``, ``scaled_dot_product_attention``,
 ``causal_mask``, ``padding_mask``) is built in chapters 2-6 and the layers
 (``SelfAttention`` … ``GroupedQueryAttention``) in chapters 3-7; positions
 inside attention (``rotary_embedding``, ``alibi_bias``) in chapter 12; sliding
-windows, attention sinks (``sliding_window_mask``, ``softmax_with_sink``), masks
-as rules (``mods``) and multi-head latent attention (``MultiHeadLatentAttention``)
-in chapter 13; each chapter ends by asserting that this package equals the code it wrote.
+windows, attention sinks (``sliding_window_mask``, ``softmax_with_sink``) and masks
+as rules (``mods``) in chapter 13; multi-head latent attention
+(``MultiHeadLatentAttention``) in chapter 14; each chapter ends by asserting that this
+package equals the code it wrote.
 Chapter 15 puts the layers inside a model (``TransformerBlock``, ``TinyGPT``) and measures
 what its heads do (``previous_token_scores``, ``induction_scores``, ``find_heads``,
 ``ablate_heads``). Chapter 16 serves many requests at once: a paged KV cache
 (``PagedKVCache``, ``paged_attention``, ``paged_forward``) and continuous batching
-(``ContinuousBatcher``, ``generate_batch``).
+(``ContinuousBatcher``, ``generate_batch``). Chapter 17 splits one sequence over processes
+(``attention_book.distributed``: all-gather, ring and Ulysses attention).
 """
 
 from . import mods

@@ -7,7 +7,7 @@ to an output and keeps the hypotheses that reproduce it. For a module,
 ``W_query``/``W_key``/``W_value`` weights (and, for a layer built with
 ``rope=True``, rotates the queries and keys as it does; a layer with a learned
 ``sink_logit`` gets the sink in every softmax; a layer with a ``W_down_kv``
-projects its keys and values up from that latent, chapter 13). Every reference is computed on the
+projects its keys and values up from that latent, chapter 14). Every reference is computed on the
 subject's device in the precise dtype (float64), so that a comparison measures
 the subject's error, not the reference's.
 """
