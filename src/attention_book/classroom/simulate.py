@@ -18,8 +18,7 @@ import io
 import re
 from dataclasses import dataclass
 
-from .format import BEGIN_SOLUTION, END_SOLUTION
-from .tamper import exercise_of
+from .format import BEGIN_SOLUTION, END_SOLUTION, exercise_of
 
 _CHECKER = re.compile(r"\b(check_\w+)\s*\(")
 
