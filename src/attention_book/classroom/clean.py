@@ -52,7 +52,7 @@ from .format import BEGIN_HIDDEN, END_HIDDEN, prompt_match
 from .remote import Channel, ChannelClosed, ProtocolError
 
 __all__ = ["Answer", "CellResult", "Exercise", "ExerciseResult", "GradeCell", "Limits",
-           "chapter_setup", "grade_submission", "grade_submissions", "read_answers",
+           "chapter_setup", "grade_many", "grade_submission", "grade_submissions", "read_answers",
            "read_exercises"]
 
 _GRADE_ID = re.compile(r"^(?P<key>ch\d+-ex\d+)-")
@@ -476,7 +476,8 @@ def _static_findings(answer: str, namespace: dict, forbidden: dict[int, str],
                 if value is not None and id(value) in forbidden:
                     findings.append(f"uses {forbidden[id(value)]}")
                     continue
-            if node.attr in method_names and isinstance(node.ctx, ast.Load):
+            if (node.attr in method_names and isinstance(node.ctx, ast.Load)
+                    and not (chain and len(chain) == 2 and chain[0] in local_modules)):
                 findings.append(f"uses .{node.attr}(), that is {method_names[node.attr]}")
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             value = namespace.get(node.id)
@@ -915,22 +916,49 @@ def grade_submissions(source_notebook, submissions: dict[str, object], *,
     Raises:
         RuntimeError: the grading process itself failed (never because of an answer).
     """
+    (results,), jailed = grade_many([(source_notebook, submissions)], limits=limits,
+                                    use_jail=use_jail, timeout=timeout)
+    return results, jailed
+
+
+def grade_many(requests: list[tuple[object, dict[str, object]]], *,
+               limits: Limits | None = None, use_jail: bool = True,
+               timeout: float | None = None) -> tuple[list[dict[str, list[ExerciseResult]]],
+                                                      bool]:
+    """Grade the submissions of several chapters with one grading process.
+
+    Args:
+        requests: ``(instructor notebook, {student: submission})`` pairs.
+        limits: the limits of each answer process.
+        use_jail: use the private file view where the machine allows it.
+        timeout: seconds for everything.
+
+    Returns:
+        ``(results, jailed)``: one ``{student: [ExerciseResult]}`` per request, in order.
+
+    Raises:
+        RuntimeError: the grading process itself failed (never because of an answer).
+    """
     limits = limits or Limits()
-    if not isinstance(source_notebook, dict) and not hasattr(source_notebook, "cells"):
-        source_notebook = json.loads(Path(source_notebook).read_text(encoding="utf-8"))
-    exercises = read_exercises(source_notebook)
-    imports, definitions = chapter_setup(source_notebook)
     job: dict = {"students": []}
-    for student, submission in submissions.items():
-        answers = read_answers(submission, exercises)
-        items = []
-        for exercise in exercises:
-            answer = answers[exercise.key]
-            items.append({**asdict(exercise), "answer": asdict(answer),
-                          "preamble": preamble_for(answer.source or "", imports, definitions)})
-        job["students"].append({"student": student, "exercises": items})
+    all_imports: list[str] = []
+    for index, (source_notebook, submissions) in enumerate(requests):
+        if not isinstance(source_notebook, dict) and not hasattr(source_notebook, "cells"):
+            source_notebook = json.loads(Path(source_notebook).read_text(encoding="utf-8"))
+        exercises = read_exercises(source_notebook)
+        imports, definitions = chapter_setup(source_notebook)
+        all_imports += imports.splitlines()
+        for student, submission in submissions.items():
+            answers = read_answers(submission, exercises)
+            items = []
+            for exercise in exercises:
+                answer = answers[exercise.key]
+                items.append({**asdict(exercise), "answer": asdict(answer),
+                              "preamble": preamble_for(answer.source or "", imports,
+                                                       definitions)})
+            job["students"].append({"student": f"{index}\t{student}", "exercises": items})
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False, encoding="utf-8") as handle:
-        handle.write(imports)
+        handle.write("\n".join(dict.fromkeys(all_imports)))
         imports_file = handle.name
     command = [sys.executable, "-I", "-m", "attention_book.classroom.clean", "--imports-file",
                imports_file, "--limits", json.dumps(asdict(limits))]
@@ -955,8 +983,11 @@ def grade_submissions(source_notebook, submissions: dict[str, object], *,
         raise RuntimeError(f"the grading process failed (exit {process.returncode}): "
                            + " | ".join(tail))
     data = json.loads(process.stdout)
-    return ({student: _results(items) for student, items in data["students"].items()},
-            bool(data.get("jailed")))
+    results: list[dict[str, list[ExerciseResult]]] = [{} for _ in requests]
+    for key, items in data["students"].items():
+        index, student = key.split("\t", 1)
+        results[int(index)][student] = _results(items)
+    return results, bool(data.get("jailed"))
 
 
 def grade_submission(source_notebook, submission, *, limits: Limits | None = None,

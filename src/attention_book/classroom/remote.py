@@ -104,9 +104,24 @@ def _class_path(obj) -> str | None:
     for klass in type(obj).__mro__:
         if klass is object:
             continue
-        if _is_trusted_module(getattr(klass, "__module__", "") or ""):
+        if _is_trusted_module(getattr(klass, "__module__", "") or "") and _reportable(klass):
             return f"{klass.__module__}:{klass.__qualname__}"
     return None
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class written in Python
+
+
+def _reportable(klass: type) -> bool:
+    """A proxy may pass for an instance of ``klass`` only if no C code trusts its layout.
+
+    C extensions (torch's among them) test ``isinstance`` and then read the object's memory
+    as their own struct: a proxy that claimed to be a ``torch.Tensor`` would crash the
+    process. Classes written in Python only, and ``type`` for a remote class, are safe.
+    """
+    if klass is type:
+        return True
+    return all(k.__flags__ & _HEAPTYPE for k in klass.__mro__ if k is not object)
 
 
 def _resolve_class(path: str | None):
@@ -121,7 +136,7 @@ def _resolve_class(path: str | None):
             value = getattr(value, part)
     except Exception:  # noqa: BLE001 - an unknown class is just not reported
         return None
-    return value if isinstance(value, type) else None
+    return value if isinstance(value, type) and _reportable(value) else None
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
@@ -281,6 +296,10 @@ class RemoteTensor(Remote):
     def value(self) -> torch.Tensor:
         """The tensor's current value, copied here."""
         return self._chan.request("value", target=self._rid)
+
+    @property
+    def __class__(self):  # noqa: D105 - safe: torch dispatches to __torch_function__ first
+        return torch.Tensor
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

@@ -102,6 +102,35 @@ def code_exercises(instructor) -> list[CodeExercise]:
     return exercises
 
 
+def blank_answers(instructor) -> dict[str, str]:
+    """Each code answer cell's grade id mapped to its student version (the stub).
+
+    The solution region becomes ``raise NotImplementedError()``, as nbgrader writes it.
+
+    Args:
+        instructor: the chapter notebook.
+
+    Returns:
+        ``{grade_id: source}``.
+    """
+    blanks = {}
+    for cell in instructor.cells:
+        meta = _meta(cell)
+        if cell.cell_type != "code" or not meta.get("solution"):
+            continue
+        lines, kept, inside = cell.source.splitlines(), [], False
+        for line in lines:
+            if BEGIN_SOLUTION in line:
+                inside = True
+                kept.append(line[: len(line) - len(line.lstrip())] + "raise NotImplementedError()")
+            elif END_SOLUTION in line:
+                inside = False
+            elif not inside:
+                kept.append(line)
+        blanks[meta["grade_id"]] = "\n".join(kept)
+    return blanks
+
+
 def written_answers(instructor) -> dict[str, str]:
     """Each written (markdown) answer's grade id mapped to the instructor's model answer.
 
