@@ -271,6 +271,18 @@ def _stage(course: Path, assignment: str, notebooks: dict[str, Path], source: di
     return staged
 
 
+def _sections(log: str, staged: Path) -> dict[str, str]:
+    """Each student's part of an nbgrader autograde log (from their "Sanitizing" line on)."""
+    marker = re.compile(r"\[AutogradeApp \| INFO\] Sanitizing (?P<path>\S+)")
+    starts = [(m.start(), Path(m["path"]).relative_to(staged).parts[0])
+              for m in marker.finditer(log) if Path(m["path"]).is_relative_to(staged)]
+    sections: dict[str, str] = {}
+    for index, (start, student) in enumerate(starts):
+        end = starts[index + 1][0] if index + 1 < len(starts) else len(log)
+        sections[student] = sections.get(student, "") + log[start:end]
+    return sections
+
+
 def _kernel_spec(course: Path) -> Path:
     """The sandboxed kernel for nbgrader's run, in a folder on ``JUPYTER_PATH``."""
     from . import sandbox
@@ -319,15 +331,17 @@ def _nbgrader_feedback_run(course: Path, assignment: str, staged: Path, students
     (course / "logs" / f"autograde-{assignment}.log").write_text(log, encoding="utf-8")
     from .course import nbgrader_errors
 
-    starts = list(_FAILED_BLOCK.finditer(log))
-    for index, match in enumerate(starts):
-        student = Path(match["path"].strip()).parent.name
-        end = starts[index + 1].start() if index + 1 < len(starts) else len(log)
-        causes = [c for c in nbgrader_errors(log[match.end():end])
+    for student, section in _sections(log, staged).items():
+        causes = [c for c in nbgrader_errors(section)
                   if "error processing" not in c.lower() and "see the" not in c.lower()
-                  and "traceback" not in c.lower()]
-        failures[student] = ("nbgrader's feedback run failed"
-                             + (f": {causes[-1][:300]}" if causes else ""))
+                  and "traceback" not in c.lower() and "interrupting kernel" not in c.lower()
+                  and "subprocesses termination" not in c.lower()]
+        if _FAILED_BLOCK.search(section):
+            failures[student] = ("nbgrader's feedback run failed"
+                                 + (f": {causes[-1][:300]}" if causes else ""))
+        elif causes:
+            failures[student] = ("nbgrader's feedback run was interrupted: "
+                                 + "; ".join(dict.fromkeys(c[:200] for c in causes)))
     for student in students:
         if student not in failures and not any(
                 (course / "autograded" / student / assignment).glob("*.ipynb")):
@@ -492,7 +506,8 @@ def _write_grades(course: Path, assignment: str, grade: StudentGrade,
     exercises = {e.key: e for e in grade.exercises}
     with Gradebook(_db_url(course)) as gradebook:
         gradebook.update_or_create_student(grade.student)
-        submission = gradebook.update_or_create_submission(assignment, grade.student)
+        with gradebook.db.no_autoflush:
+            submission = gradebook.update_or_create_submission(assignment, grade.student)
         notebook = next((n for n in submission.notebooks if n.name == grade.notebook), None)
         if notebook is None:
             return
@@ -624,10 +639,17 @@ def autograde(course_dir: str | os.PathLike, assignment: str,
 
 def _write_summary(course: Path, assignment: str, grades: list[StudentGrade]) -> Path:
     path = _grading_dir(course) / f"summary-{assignment}.csv"
+    graded = {grade.student for grade in grades}
+    kept = []  # the rows of students this run did not grade (STUDENT=… runs)
+    if path.exists():
+        with path.open(encoding="utf-8") as handle:
+            kept = [row for row in csv.reader(handle)][1:]
+        kept = [row for row in kept if row and row[0] not in graded]
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["student", "assignment", "exercise", "score", "max_score", "cause",
                          "flags"])
+        writer.writerows(kept)
         for grade in grades:
             for exercise in grade.exercises:
                 flags = grade.flags.get(exercise.key, [])

@@ -564,7 +564,17 @@ def _kernel_main(argv: list[str]) -> int:
 
     matplotlib.use("module://matplotlib_inline.backend_inline")
     import matplotlib.font_manager  # noqa: F401 - the font cache is read before writes stop
-    from ipykernel import kernelapp
+    from ipykernel import kernelapp, kernelbase
+
+    listing = kernelbase.Kernel._process_children
+
+    def children(self):  # the jail has no /proc: no children to list, no error to log
+        try:
+            return listing(self)
+        except Exception:  # noqa: BLE001
+            return []
+
+    kernelbase.Kernel._process_children = children
 
     # Without the jail nothing may be written at all (native code could write anywhere).
     limit_resources(memory_bytes=memory, file_bytes=None if jailed else 0, open_files=4096)
