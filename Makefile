@@ -49,24 +49,30 @@ practice: $(STAMP)
 	$(BIN)/python -m attention_book.classroom.practice
 
 ## assignments: nbgrader student versions of the chosen chapters in a course folder outside
-## the clone, e.g. make assignments COURSE_DIR=$HOME/attention-course CHAPTERS="02 04"
-## (CHAPTERS empty: every chapter). Safe to rerun on a running course: your
-## nbgrader_config.py is kept and a chapter with submissions is left alone.
-## autograde, feedback, grades: the course commands for ASSIGNMENT=02_dot_product_attention
-## (autograde runs nbgrader, then the tamper scan; grades writes grades.csv and exercises.csv)
+## the clone, e.g. make assignments COURSE_DIR=$HOME/attention-course CHAPTERS="02 04" NEW=1
+## (NEW=1 the first time: it creates the course; without it a missing course is an error, so
+## a typo never starts a new one. CHAPTERS empty: every chapter). Safe to rerun on a running
+## course: your nbgrader_config.py is kept and a chapter with submissions is left alone.
+## autograde, feedback, grades: the course commands, e.g. ASSIGNMENT=02 (a chapter number or
+## the assignment id) and STUDENT=alice (optional; several: STUDENT="alice bob"). autograde
+## grades each exercise in clean, sandboxed processes; grades writes grades.csv and
+## exercises.csv
 COURSE_DIR ?=
 CHAPTERS ?=
 ASSIGNMENT ?=
+STUDENT ?=
+NEW ?=
 CLASSROOM = $(BIN)/python -m attention_book.classroom
+STUDENT_ARGS = $(foreach s,$(STUDENT),--student $(s))
 .PHONY: assignments autograde feedback grades
 assignments: $(STAMP)
-	$(CLASSROOM) generate --course-dir "$(COURSE_DIR)" $(if $(strip $(CHAPTERS)),--chapters $(CHAPTERS))
+	$(CLASSROOM) generate --course-dir "$(COURSE_DIR)" $(if $(strip $(NEW)),--new) $(if $(strip $(CHAPTERS)),--chapters $(CHAPTERS))
 
 autograde: $(STAMP)
-	$(CLASSROOM) autograde "$(ASSIGNMENT)" --course-dir "$(COURSE_DIR)"
+	$(CLASSROOM) autograde "$(ASSIGNMENT)" --course-dir "$(COURSE_DIR)" $(STUDENT_ARGS)
 
 feedback: $(STAMP)
-	$(CLASSROOM) feedback "$(ASSIGNMENT)" --course-dir "$(COURSE_DIR)"
+	$(CLASSROOM) feedback "$(ASSIGNMENT)" --course-dir "$(COURSE_DIR)" $(STUDENT_ARGS)
 
 grades: $(STAMP)
 	$(CLASSROOM) export --course-dir "$(COURSE_DIR)"

@@ -1,162 +1,213 @@
-"""The classroom trial's four students, as a test: chapters 02 and 04 graded end to end.
+"""The classroom trial, as a test: a course of chapters 02, 05, 07 and 13, graded end to end.
 
-One course (in a temporary folder outside the clone) goes through ``generate`` (chapters
-00, 02 and 04; 00 is never handed in), hand-in (``submitted/<student>/…``, the guide's local
-path), the tamper-aware ``autograde``, manual scores for the written answers through the
-gradebook API, ``feedback`` and ``export``. Every answer is derived from the instructor
-notebook (:mod:`attention_book.classroom.simulate`), so the test keeps working when the
-chapters' exercises change:
+One course (in a temporary folder outside the clone) is generated (``new=True``, as
+``make assignments … NEW=1``), students hand in (``submitted/<student>/…``), and
+``autograde`` grades them: chapter 02 with nbgrader's feedback run in the sandboxed kernel
+for the students whose notebooks attack or disrupt that run, everyone else and chapters 05,
+07 and 13 with the clean grade only (the grade never depends on the feedback run). Then
+feedback and export. Every answer is derived from the instructor notebook
+(:mod:`attention_book.classroom.simulate`), so the test keeps working when the chapters
+change.
 
-- A: every solution -> full marks;
-- B: one subtle mistake per chapter (the solution of one exercise, 10 % off) and a partial
-  written answer -> total minus that exercise's points, 3 of 5 for the written answer;
-- C: the untouched student version -> 0;
-- D: a different cheat in each exercise -> 0: a check cell edited to print "Correct", a
-  checker rebound, the feedback helpers and ``torch.testing`` patched (next to a *correct*
-  answer, so only the tamper scan takes the points), a check cell deleted (nbgrader adds it
-  back), the checker's first visible value hard-coded, a rebound checker with no code at
-  all; the written answer is the public model answer, which the instructor scores 0.
+The students (``../shared/reviews/classroom-trial-v2.md``):
+
+- ``honest_full``: every solution -> full marks; ``honest_scratch``: the same plus scratch
+  work (a helper named ``check_rows_sum_to_one``, ``%timeit``, ``import os``,
+  ``plt.rcParams``, re-imports, rebound chapter globals) -> full marks;
+- ``partial``: one exercise left unanswered -> all but that exercise;
+- ``copier``: every answer imports the checkers' module (their references), or names a
+  function its prompt forbids -> 0 on each, flagged;
+- ``cheater``: an IPython input transformer that turns every check into ``pass``, nothing
+  answered -> 0; ``cheater_kit``: the trial's patches written on a helper's parameters,
+  with nothing answered -> 0;
+- chapter 02 only: ``crasher`` (``os._exit`` in a scratch cell), ``hanger`` (an endless
+  loop), ``metadata`` (a duplicated grade id, a demoted check cell, an invented graded cell)
+  -> full marks for their right answers, with the feedback run's failure named;
+  ``printer`` (a 50 MB print) -> a small feedback page; ``pth_writer`` (writes a ``.pth``
+  into site-packages from its kernel) and ``gradebook_writer`` (writes ``manual_score`` into
+  the gradebook with sqlite3) -> 0, nothing written; ``after_writer``, an honest student
+  graded after them -> full marks; ``reader`` (reads the instructor notebook in ``source/``
+  while graded) -> 0 on that exercise, flagged, and the flag survives a rerun with a clean
+  notebook.
 """
 
 from __future__ import annotations
 
 import csv
-import re
-import shutil
+import json
+import sysconfig
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from attention_book.classroom import (
-    NbgraderError,
     autograde,
     build_assignments,
     chapter_number,
+    exercise_of,
     exercise_scores,
     export_grades,
-    generate_assignments,
-    leaked_solution_text,
-    run_nbgrader,
+    read_flags,
     summarise_exercises,
-    write_course_config,
+    write_feedback,
 )
-from attention_book.classroom.simulate import (
-    PATCH_HELPERS,
-    chapter_imports,
-    code_exercises,
-    hard_coded,
-    mistaken,
-    notebook_with,
-    rebind_checkers,
-    written_answers,
-)
-from attention_book.classroom.tamper import exercise_of
+from attention_book.classroom.clean import Limits, read_exercises
+from attention_book.classroom.grading import autograde_summary
+from attention_book.classroom.simulate import blank_answers, code_exercises, written_answers
 
 ROOT = Path(__file__).resolve().parents[1]
-GRADED = ["02_dot_product_attention", "04_scaling"]
-CHEATS = ["edit-check", "rebind", "patch-helpers", "delete-check", "hard-code",
-          "rebind-no-code"]
-WRITTEN = {"A": 5.0, "B": 3.0, "C": 0.0, "D": 0.0}  # the instructor's manual scores, of 5
+SITE = Path(sysconfig.get_paths()["purelib"]).resolve()
+CHAPTERS = {"02": "02_dot_product_attention", "05": "05_masks", "07": "07_multi_head",
+            "13": "13_windows_and_sinks"}
+LIMITS = Limits(seconds=60)
+SCRATCH = [
+    "def check_rows_sum_to_one(weights):\n    return bool((weights.sum(-1) - 1).abs().max() < 1e-6)",
+    "%timeit -n 2 -r 1 sum(range(100))",
+    "import os\nprint(os.getcwd())",
+    "import matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (4, 3)",
+    "import torch\nfrom torch import nn\nimport torch.nn.functional as F\nimport math",
+    "num_tokens, q, k, batch = 3, None, None, None",
+]
+#: Chapter 02's students whose notebooks nbgrader re-runs for feedback (in the sandboxed kernel).
+FEEDBACK_RUN = ("honest_full", "crasher", "hanger", "metadata", "printer", "pth_writer",
+                "gradebook_writer", "after_writer")
+TRANSFORMER = ("get_ipython().input_transformers_post.append(lambda lines: ['pass\\n'] if any("
+               "'check_' in line for line in lines) else lines)")
+KIT = ("def _setup(t, b):\n    t.allclose = lambda *a, **k: True\n    t.equal = lambda *a, **k: "
+       "True\n    b.abs = lambda x: 0\n    b.isinstance = lambda *a: True\n\n\n"
+       "_setup(torch, print.__self__)")
+PTH = (f"with open({str(SITE / 'zz_grading_helper.pth')!r}, 'w') as handle:\n"
+       "    handle.write('import sys; sys.stderr.write(\"cheat\")')")
 
 
-def _mistake_target(exercises):
-    """B's mistake: the exercise with the most points among one-check, one-function ones."""
-    candidates = [e for e in exercises if len(e.check_ids) == 1 and len(e.functions) == 1
-                  and "class " not in e.solution]
-    assert candidates, "no exercise can take a subtle mistake"
-    return max(reversed(candidates), key=lambda e: e.points)
+def _cells_of(notebook, predicate):
+    return [cell for cell in notebook["cells"] if predicate(cell)]
 
 
-def _cheat(kind, exercise, imports, release):
-    """(answers, checks) of student D for one exercise."""
-    stub = next(cell.source for cell in release.cells
-                if cell.metadata.get("nbgrader", {}).get("grade_id") == exercise.answer_id)
-    wrong = mistaken(exercise) if len(exercise.functions) == 1 else stub
-    if kind == "edit-check":
-        return {exercise.answer_id: wrong}, {cid: 'print("Correct: all checks passed")'
-                                             for cid in exercise.check_ids}
-    if kind == "rebind":
-        return {exercise.answer_id: wrong + "\n" + rebind_checkers(exercise)}, {}
-    if kind == "patch-helpers":
-        return {exercise.answer_id: exercise.solution + "\n\n" + PATCH_HELPERS}, {}
-    if kind == "delete-check":
-        return {}, dict.fromkeys(exercise.check_ids)
-    if kind == "hard-code":
-        return {exercise.answer_id: hard_coded(exercise, imports)}, {}
-    names = "".join(f"{name} = None\n" for name in exercise.functions)
-    return {exercise.answer_id: names + rebind_checkers(exercise)}, {}
+def _grade_id(cell) -> str:
+    return (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id", "")
+
+
+def _notebook(release, answers=None, append=(), prepend=()):
+    """The student version with answers written in and scratch cells added."""
+    notebook = json.loads(json.dumps(release))
+    for cell in notebook["cells"]:
+        if _grade_id(cell) in (answers or {}):
+            cell["source"] = answers[_grade_id(cell)]
+    new = [{"cell_type": "code", "metadata": {}, "source": code, "outputs": [],
+            "execution_count": None} for code in prepend]
+    first_exercise = next(i for i, cell in enumerate(notebook["cells"]) if _grade_id(cell))
+    notebook["cells"][first_exercise:first_exercise] = new
+    notebook["cells"] += [{"cell_type": "code", "metadata": {}, "source": code, "outputs": [],
+                           "execution_count": None} for code in append]
+    return notebook
+
+
+def _copier_answers(instructor, exercises) -> dict[str, str]:
+    """Right answers that also import the checkers' module or name a forbidden function."""
+    answers = {}
+    forbidden = {e.key: e.forbidden for e in read_exercises(instructor)}
+    for index, exercise in enumerate(exercises):
+        names = [n for n in forbidden.get(exercise.exercise, ()) if n.startswith("attention_book")]
+        if names and index % 2:
+            module, _, attribute = names[0].rpartition(".")
+            line = f"from {module} import {attribute} as _borrowed\n"
+        else:
+            number = exercise.exercise[2:4]
+            line = f"from attention_book.exercises.ch{number} import *  # the checkers' module\n"
+        answers[exercise.answer_id] = line + exercise.solution
+    return answers
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
-    """Generate, hand in, autograde, grade by hand, give feedback and export."""
-    course = tmp_path_factory.mktemp("scenario") / "course"
-    build = build_assignments(ROOT, course, ["00", "02", "04"])
-    expected, plan, cheat_index = {}, {}, 0
-    for assignment in GRADED:
+def course(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("scenario") / "course"
+    build = build_assignments(ROOT, folder, list(CHAPTERS), new=True)
+    assert build.skipped == {}
+    return folder
+
+
+@pytest.fixture(scope="module")
+def scenario(course):
+    expected, flagged = {}, set()
+    for number, assignment in CHAPTERS.items():
         instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
-        release = nbformat.read(build.released[assignment], as_version=4)
+        release = json.loads((course / "release" / assignment / f"{assignment}.ipynb").read_text())
         exercises = code_exercises(instructor)
-        imports = chapter_imports(instructor)
-        written = written_answers(instructor)
         right = {e.answer_id: e.solution for e in exercises}
-        target = _mistake_target(exercises)
-        notebooks = {
-            "A": notebook_with(release, {**right, **written}),
-            "B": notebook_with(release, {**right, target.answer_id: mistaken(target),
-                                         **dict.fromkeys(written, "The variance grows with d_k.")}),
-            "C": release,
+        target = max(exercises, key=lambda e: e.points)
+        blank = blank_answers(instructor)
+        students = {
+            "honest_full": (_notebook(release, right), "all"),
+            "honest_scratch": (_notebook(release, right, append=SCRATCH, prepend=SCRATCH[:2]),
+                               "all"),
+            "partial": (_notebook(release, {**right, target.answer_id: blank[target.answer_id]}),
+                        "all-but-target"),
+            "copier": (_notebook(release, _copier_answers(instructor, exercises)), "flagged"),
+            "cheater": (_notebook(release, prepend=[TRANSFORMER]), "none"),
+            "cheater_kit": (_notebook(release, blank, prepend=[KIT]), "none"),
         }
-        d_answers, d_checks = dict(written), {}
-        for exercise in exercises:
-            kind = CHEATS[cheat_index % len(CHEATS)]
-            cheat_index += 1
-            if kind == "hard-code" and (len(exercise.functions) != 1 or not exercise.checkers):
-                kind = "rebind"
-            plan[(assignment, exercise.exercise)] = kind
-            answers, checks = _cheat(kind, exercise, imports, release)
-            d_answers.update(answers)
-            d_checks.update(checks)
-        notebooks["D"] = notebook_with(release, d_answers, d_checks)
-        for student, notebook in notebooks.items():
-            folder = course / "submitted" / f"student{student}" / assignment
+        if number == "02":
+            def demote(notebook):
+                check = next(c for c in notebook["cells"] if _grade_id(c).endswith("-check"))
+                duplicate = json.loads(json.dumps(check))
+                duplicate["source"] = "assert True"
+                check["metadata"]["nbgrader"].update(grade=False, locked=False, points=50)
+                bonus = {"cell_type": "code", "source": "assert True", "outputs": [],
+                         "execution_count": None, "metadata": {"nbgrader": {
+                             "grade": True, "grade_id": "bonus-points", "locked": True,
+                             "points": 50, "schema_version": 3, "solution": False}}}
+                notebook["cells"] += [duplicate, bonus]
+                return notebook
+
+            source_path = course / "source" / assignment / f"{assignment}.ipynb"
+            reader_exercise = exercises[0]
+            students.update({
+                "crasher": (_notebook(release, right, prepend=["import os\nos._exit(0)"]), "all"),
+                "hanger": (_notebook(release, right, prepend=["while True:\n    pass"]), "all"),
+                "metadata": (demote(_notebook(release, right)), "all"),
+                "printer": (_notebook(release, right, append=["print('x' * 50_000_000)"]), "all"),
+                "pth_writer": (_notebook(release, prepend=[PTH]), "none"),
+                "gradebook_writer": (_notebook(release, prepend=[
+                    "import sqlite3, glob\nfor p in glob.glob('/**/gradebook.db', recursive=True):\n"
+                    "    c = sqlite3.connect(p); c.execute('UPDATE grade SET manual_score = 99');"
+                    " c.commit()"]), "none"),
+                "after_writer": (_notebook(release, right), "all"),
+                "reader": (_notebook(release, {**right, reader_exercise.answer_id:
+                                               f"_KEY = open({str(source_path)!r}).read()\n"
+                                               + reader_exercise.solution}), "all-but-first"),
+            })
+        for student, (notebook, plan) in students.items():
+            folder = course / "submitted" / student / assignment
             folder.mkdir(parents=True)
-            nbformat.write(notebook, folder / f"{assignment}.ipynb")
-        for exercise in exercises:
-            for student in "ABCD":
-                score = exercise.points if student == "A" or (
-                    student == "B" and exercise is not target) else 0.0
-                expected[(assignment, f"student{student}", exercise.exercise)] = score
-        for grade_id in written:
-            for student in "ABCD":
-                expected[(assignment, f"student{student}", exercise_of(grade_id))] = \
-                    WRITTEN[student]
-    results = {assignment: autograde(course, assignment) for assignment in GRADED}
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        for assignment in GRADED:
-            instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
+            (folder / f"{assignment}.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
+            for index, exercise in enumerate(exercises):
+                earns = (plan == "all" or (plan == "all-but-target" and exercise is not target)
+                         or (plan == "all-but-first" and index > 0))
+                expected[(assignment, student, exercise.exercise)] = exercise.points if earns else 0.0
+                if plan == "flagged" or (student == "reader" and index == 0):
+                    flagged.add((assignment, student, exercise.exercise))
             for grade_id in written_answers(instructor):
-                for student, score in WRITTEN.items():
-                    grade = gradebook.find_grade(grade_id, assignment, assignment,
-                                                 f"student{student}")
-                    grade.manual_score = score
-        gradebook.db.commit()
-    for assignment in GRADED:
-        run_nbgrader(course, "generate_feedback", assignment, "--force")
+                expected[(assignment, student, exercise_of(grade_id))] = 0.0
+    reports = {}
+    for number, assignment in CHAPTERS.items():
+        everyone = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
+        rerun = [s for s in everyone if s in FEEDBACK_RUN] if number == "02" else []
+        graded = autograde(course, number, rerun, limits=LIMITS, cell_timeout=30).students \
+            if rerun else []
+        rest = [s for s in everyone if s not in rerun]
+        report = autograde(course, number, rest, feedback_run=False, limits=LIMITS)
+        report.students = sorted(graded + report.students, key=lambda g: g.student)
+        reports[assignment] = report
+    feedback = write_feedback(course, "02")
     grades, by_exercise = export_grades(course)
-    return {"course": course, "build": build, "results": results, "expected": expected,
-            "plan": plan, "grades": grades, "exercises": by_exercise}
+    return {"expected": expected, "flagged": flagged, "reports": reports,
+            "feedback": feedback, "grades": grades, "exercises": by_exercise}
 
 
-def test_every_cheat_kind_is_exercised(scenario):
-    assert set(scenario["plan"].values()) == set(CHEATS), scenario["plan"]
-
-
-def test_exported_scores_per_exercise_are_exact(scenario):
-    rows = exercise_scores(scenario["course"])
+def test_every_student_gets_exactly_the_expected_points(course, scenario):
+    rows = exercise_scores(course)
     actual = {(r["assignment"], r["student"], r["exercise"]): r["score"] for r in rows}
     assert actual == scenario["expected"]
     with scenario["exercises"].open(encoding="utf-8") as handle:
@@ -165,112 +216,103 @@ def test_exported_scores_per_exercise_are_exact(scenario):
     assert exported == scenario["expected"]
 
 
-def test_grades_csv_has_the_totals_and_only_handed_in_chapters(scenario):
+def test_grades_csv_has_the_totals(scenario):
     with scenario["grades"].open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    totals = {}
+    totals: dict = {}
     for (assignment, student, _), score in scenario["expected"].items():
         totals[(assignment, student)] = totals.get((assignment, student), 0.0) + score
-    assert {(r["assignment"], r["student_id"]): float(r["score"]) for r in rows} == totals
-    assert "00_how_to_use" in scenario["build"].released  # generated, never handed in
-    assert {r["assignment"] for r in rows} == set(GRADED)
-    # A gets every point of the chapter; C and D get none.
-    by_student = {(r["assignment"], r["student_id"]): float(r["score"]) for r in rows}
-    for assignment in GRADED:
+    exported = {(r["assignment"], r["student_id"]): float(r["score"]) for r in rows}
+    assert {key: exported[key] for key in totals} == totals
+    assert all(score == 0 for key, score in exported.items() if key not in totals)
+    for assignment in CHAPTERS.values():
         instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
-        total = summarise_exercises(instructor, chapter_number(f"{assignment}.ipynb")).total
-        assert by_student[(assignment, "studentA")] == total
-        assert by_student[(assignment, "studentC")] == by_student[(assignment, "studentD")] == 0
+        summary = summarise_exercises(instructor, chapter_number(f"{assignment}.ipynb"))
+        assert totals[(assignment, "honest_full")] == sum(summary.autograded.values())
 
 
-def test_honest_submissions_are_clean_and_every_cheat_is_reported(scenario):
-    for assignment, results in scenario["results"].items():
-        scans = {result.student: result.scan for result in results}
-        for student in ("studentA", "studentB", "studentC"):
-            assert scans[student].clean, (assignment, student, scans[student].findings)
-            assert scans[student].edited_locked == [] and scans[student].missing_locked == []
-        kinds = {kind for (a, _), kind in scenario["plan"].items() if a == assignment}
-        d = scans["studentD"]
-        if "edit-check" in kinds:
-            assert d.edited_locked, "the edited check cell was not reported"
-        if "delete-check" in kinds:
-            assert d.missing_locked, "the deleted check cell was not reported"
-        if {"rebind", "patch-helpers", "rebind-no-code"} & kinds:
-            assert d.findings and d.tainted
+def test_integrity_findings_are_flags_and_only_they_are(course, scenario):
+    recorded = {(f["assignment"], f["student"], f["exercise"]) for f in read_flags(course)}
+    assert recorded == scenario["flagged"]
+    for report in scenario["reports"].values():
+        for grade in report.students:
+            for exercise in grade.exercises:
+                key = (report.assignment, grade.student, exercise.key)
+                if key in scenario["flagged"]:
+                    assert "Not counted" in exercise.cause or grade.flags.get(exercise.key)
 
 
-def test_the_scan_takes_the_points_of_a_correct_answer_next_to_a_patch(scenario):
-    """Only the scan stops this cheat: the answer is right, the patch sits next to it."""
-    (assignment, exercise), = [key for key, kind in scenario["plan"].items()
-                               if kind == "patch-helpers"]
-    result = next(r for r in scenario["results"][assignment] if r.student == "studentD")
-    zeroed = {grade_id: old for grade_id, old in result.zeroed.items()
-              if exercise_of(grade_id) == exercise}
-    assert zeroed, "the patched exercise kept its autograded score"
-    assert all(old and old > 0 for old in zeroed.values()), \
-        f"the correct answer should have passed before the scan: {zeroed}"
-    row = next(r for r in exercise_scores(scenario["course"], [assignment])
-               if r["student"] == "studentD" and r["exercise"] == exercise)
-    assert row["score"] == 0
-    assert row["comment"].startswith("Tamper scan") and "_fb.fail" in row["comment"]
+def test_a_broken_submission_is_named_and_stops_nobody(scenario):
+    report = scenario["reports"]["02_dot_product_attention"]
+    problems = {grade.student: grade.problems for grade in report.students}
+    assert problems["crasher"] and problems["hanger"], problems
+    assert not problems["honest_full"] and not problems["after_writer"]
+    lines = autograde_summary(report)
+    assert any(line.startswith("crasher:") for line in lines)
+    assert any("problem: nbgrader's feedback run" in line for line in lines)
+    assert report.isolated
 
 
-def test_feedback_hides_hidden_tests_paths_and_package_tracebacks(scenario):
-    course = scenario["course"]
-    for assignment in GRADED:
-        instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
-        hidden = [line.strip() for cell in instructor.cells
-                  for line in cell.source.split("### BEGIN HIDDEN TESTS", 1)[1:]
-                  for line in line.split("### END HIDDEN TESTS")[0].splitlines()
-                  if line.strip()]
-        for student in ("studentA", "studentB", "studentD"):
-            html = (course / "feedback" / student / assignment / f"{assignment}.html").read_text(
-                encoding="utf-8")
-            assert "BEGIN HIDDEN TESTS" not in html
-            for line in hidden:
-                assert line not in html, f"{student}'s feedback shows the hidden test {line!r}"
-            assert str(course) not in html and str(ROOT) not in html
-            assert "site-packages" not in html and "_feedback.py" not in html
-    b = (course / "feedback" / "studentB" / GRADED[0] / f"{GRADED[0]}.html").read_text(
-        encoding="utf-8")
-    messages = re.findall(r"Not yet[.:][^\n<]+", b)
-    assert messages, "B's feedback lost the checker's message"
-    assert len(messages) == len(set(messages)), f"a message appears twice: {messages}"
+def test_nothing_was_written_outside_the_sandbox(course):
+    assert not (SITE / "zz_grading_helper.pth").exists()
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for assignment in CHAPTERS.values():
+            for submission in gradebook.find_assignment(assignment).submissions:
+                for notebook in submission.notebooks:
+                    for grade in notebook.grades:
+                        if grade.cell.cell_type == "code":
+                            assert grade.manual_score is None, (submission.student.id, grade.name)
 
 
-def test_rerun_keeps_the_course_and_skips_chapters_with_submissions(scenario, tmp_path):
-    course = tmp_path / "course"
-    shutil.copytree(scenario["course"], course)
-    config = course / "nbgrader_config.py"
-    config.write_text(config.read_text() + 'c.Exchange.root = "/srv/exchange"\n')
-    release = course / "release" / GRADED[0] / f"{GRADED[0]}.ipynb"
-    before = release.read_bytes()
-    build = build_assignments(ROOT, course, ["02", "04"])
-    assert set(build.skipped) == set(GRADED) and build.released == {}
-    assert release.read_bytes() == before
-    assert 'c.Exchange.root = "/srv/exchange"' in config.read_text()
-    assert "add_missing_cells = True" in (course / "attention_book_config.py").read_text()
+def test_feedback_for_everyone_small_and_without_hidden_tests(course, scenario):
+    assignment = "02_dot_product_attention"
+    instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
+    hidden = [line.strip() for cell in instructor.cells
+              for part in cell.source.split("### BEGIN HIDDEN TESTS", 1)[1:]
+              for line in part.split("### END HIDDEN TESTS")[0].splitlines()
+              if len(line.strip()) > 15]
+    report = scenario["reports"][assignment]
+    for grade in report.students:
+        page = course / "feedback" / grade.student / assignment / f"{assignment}.html"
+        html = page.read_text(encoding="utf-8")
+        assert page.stat().st_size < 2_000_000, grade.student
+        assert "BEGIN HIDDEN TESTS" not in html and str(course) not in html
+        for line in hidden:
+            assert line not in html, (grade.student, line)
+    for student in FEEDBACK_RUN:
+        assert (course / "autograded" / student / assignment).is_dir() or student in (
+            "crasher", "hanger"), student
+    crasher = (course / "feedback" / "crasher" / assignment / f"{assignment}.html").read_text()
+    assert "could not be re-run" in crasher and "What happened" in crasher
+    honest = (course / "feedback" / "honest_full" / assignment / f"{assignment}.html").read_text()
+    assert "Points for this check" in honest and "Graded in a clean run" in honest
 
 
-def test_nbgrader_refusal_names_the_real_cause(scenario, tmp_path):
-    """D5: an upstream change that adds a graded cell after submissions."""
-    course = tmp_path / "course"
-    shutil.copytree(scenario["course"], course)
-    source = course / "source" / GRADED[0] / f"{GRADED[0]}.ipynb"
-    notebook = nbformat.read(source, as_version=4)
-    extra = nbformat.v4.new_code_cell("assert True")
-    extra.metadata["nbgrader"] = {"grade": True, "grade_id": "ch02-ex9-check", "locked": True,
-                                  "points": 1, "schema_version": 3, "solution": False,
-                                  "task": False}
-    notebook.cells.append(extra)
-    nbformat.write(notebook, source)
-    write_course_config(course)  # the copy's own root, as generate would write it
-    with pytest.raises(NbgraderError, match="Cannot add or remove cells") as caught:
-        generate_assignments(course, [GRADED[0]])
-    assert "see the above traceback" not in str(caught.value).lower()
+def test_a_rerun_never_undoes_a_flag_and_a_manual_score_wins(course, scenario):
+    assignment = "02_dot_product_attention"
+    instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
+    exercises = code_exercises(instructor)
+    release = json.loads((course / "release" / assignment / f"{assignment}.ipynb").read_text())
+    clean = _notebook(release, {e.answer_id: e.solution for e in exercises})
+    (course / "submitted" / "reader" / assignment / f"{assignment}.ipynb").write_text(
+        json.dumps(clean), encoding="utf-8")
+    rerun = autograde(course, "02", ["reader"], feedback_run=False, limits=LIMITS)
+    (grade,) = rerun.students
+    first = exercises[0]
+    assert grade.flags.get(first.exercise), "the rerun dropped the flag"
+    scores = {(r["student"], r["exercise"]): r["score"] for r in exercise_scores(course, [assignment])}
+    assert scores[("reader", first.exercise)] == 0
+    from nbgrader.api import Gradebook
 
-
-def test_student_versions_hold_no_solutions(scenario):
-    for assignment, path in scenario["build"].released.items():
-        instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
-        assert leaked_solution_text(instructor, nbformat.read(path, as_version=4)) == []
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        check = gradebook.find_grade(first.check_ids[0], assignment, assignment, "reader")
+        check.manual_score = first.points  # the instructor overrides in the formgrader
+        gradebook.db.commit()
+    rerun = autograde(course, "02", ["reader"], feedback_run=False, limits=LIMITS)
+    assert first.check_ids[0] in rerun.students[0].kept_manual
+    scores = {(r["student"], r["exercise"]): (r["score"], r["comment"])
+              for r in exercise_scores(course, [assignment])}
+    assert scores[("reader", first.exercise)][0] == first.points
+    assert "manual score" in scores[("reader", first.exercise)][1]

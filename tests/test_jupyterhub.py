@@ -12,7 +12,7 @@ What runs (all on 127.0.0.1, everything removed afterwards, also when the test f
 - each student *through the hub*: their single-user server is started by the hub, and the
   test drives it through the proxy with that student's own API token: nbgrader's
   assignment-list extension fetches, the contents API saves the work, the extension submits;
-- the instructor: ``nbgrader collect``, the tamper-aware ``autograde``, ``nbgrader
+- the instructor: ``nbgrader collect``, the book's ``autograde`` (clean processes), ``nbgrader
   generate_feedback`` (the book's config adds its feedback preprocessor),
   ``nbgrader release_feedback`` and ``export``; the student fetches the feedback through
   the hub; the instructor's own server serves the formgrader at ``/user/<name>/formgrader``.
@@ -20,7 +20,8 @@ What runs (all on 127.0.0.1, everything removed afterwards, also when the test f
 Student A hands in the instructor's solutions. Student B hands in, exercise by exercise,
 a correct answer plus a scratch line ``inputs = torch.randn(2, 3)`` (trial D2: full marks),
 a rebound checker with no code (trial D1/F: 0), and a correct answer with patched
-``_feedback.fail`` and ``torch.testing.assert_close`` (trial D1: 0, by the tamper scan).
+``_feedback.fail`` and ``torch.testing.assert_close`` (trial D1: 0 and flagged: the answer
+imports the checkers' module).
 The exported scores per exercise are asserted exactly.
 
 Every user's server and the instructor's commands run on the book's environment: when its
@@ -347,7 +348,7 @@ def test_a_course_on_jupyterhub():
             shutil.chown(path, instructor, instructor)
         hub.run_as(instructor, str(python), "-m", "attention_book.classroom", "generate",
                    "--course-dir", str(course), "--chapters", CHAPTER, "--root", str(ROOT),
-                   cwd=course, env=env)
+                   "--new", cwd=course, env=env)
         hub.wait_ready()
         for user in (student_a, student_b, instructor):  # they start while the work goes on
             hub.request_server(user)
@@ -396,8 +397,9 @@ def test_a_course_on_jupyterhub():
             assert (course / "submitted" / student / assignment / f"{assignment}.ipynb").exists()
         graded = hub.run_as(instructor, *classroom, "autograde", assignment, "--course-dir",
                             str(course), cwd=course, env=env)
-        assert "checksum" not in graded.stdout.split("(nbgrader's")[0]
-        assert f"{student_b}: answer cell" in graded.stdout
+        assert "checksum" not in graded.stdout
+        assert f"{student_b}: " in graded.stdout and "FLAG" in graded.stdout
+        assert "no private file view" not in graded.stdout  # the answers ran in the jail
         # The book's config adds its feedback preprocessor: plain nbgrader does the rest.
         hub.run_as(instructor, str(python), "-m", "nbgrader", "generate_feedback", assignment,
                    cwd=course, env=env)
@@ -412,8 +414,9 @@ def test_a_course_on_jupyterhub():
         for row in rows:
             scores.setdefault(row["student"], {})[row["exercise"]] = float(row["score"])
         assert scores == expected
-        tainted = [row for row in rows if row["student"] == student_b and float(row["score"]) == 0]
-        assert all(row["comment"].startswith("Tamper scan") for row in tainted), tainted
+        lost = [row for row in rows if row["student"] == student_b and float(row["score"]) == 0]
+        assert lost and all(row["comment"].startswith("Graded in a clean run") for row in lost)
+        assert any("Not counted" in row["comment"] for row in lost), lost
         with (course / "grades.csv").open() as handle:
             totals = {row["student_id"]: float(row["score"]) for row in csv.DictReader(handle)}
         assert totals == {student: sum(expected[student].values()) for student in expected}
@@ -427,7 +430,7 @@ def test_a_course_on_jupyterhub():
         assert feedback_dir, "no feedback arrived"
         html_path = f"{feedback_dir[0]['path']}/{assignment}.html"
         html = _contents(hub, student_b, token, html_path)["content"]
-        assert "BEGIN HIDDEN TESTS" not in html and "Tamper scan" in html
+        assert "BEGIN HIDDEN TESTS" not in html and "Not counted" in html
         assert str(course) not in html and "site-packages" not in html
 
         # The formgrader is a page of the instructor's server (trial D7).

@@ -9,11 +9,11 @@ clone, and wraps the nbgrader commands that need the book's care:
   is written once and kept; the book's own settings live in ``attention_book_config.py``),
   student versions of the chosen chapters only, chapters with submissions left alone, the
   real cause printed when nbgrader refuses;
-- :mod:`.tamper`: the tamper scan of submissions (answer and scratch cells that switch a
-  check off);
-- :mod:`.grading`: ``autograde`` (nbgrader, then tainted exercises set to 0) and ``export``
-  (only what was handed in, plus one row per exercise);
-- :mod:`.feedback`: feedback without hidden tests or the package's tracebacks;
+- :mod:`.clean`, :mod:`.remote` and :mod:`.sandbox`: each exercise graded in clean
+  processes (the answer cell alone, sandboxed, called from the trusted hidden tests);
+- :mod:`.grading`: ``autograde`` (nbgrader's run for the feedback, the clean grade, flags
+  that no rerun undoes) and ``export`` (only what was handed in, one row per exercise);
+- :mod:`.feedback`: feedback without hidden tests, package tracebacks or endless output;
 - :mod:`.hub`: the configuration of a JupyterHub course;
 - :mod:`.format` and :mod:`.leaks`: the exercise format and the leak check.
 
@@ -36,6 +36,7 @@ Not taught in a chapter: chapter 0 shows the exercise format, the instructor gui
 
 from __future__ import annotations
 
+from .clean import ExerciseResult, Limits, grade_submission
 from .cli import main
 from .course import (
     COURSE_ID,
@@ -52,6 +53,7 @@ from .course import (
     submissions_of,
     write_course_config,
 )
+from .feedback import write_feedback
 from .format import (
     BEGIN_HIDDEN,
     BEGIN_SOLUTION,
@@ -61,27 +63,43 @@ from .format import (
     ExerciseSummary,
     chapter_number,
     exercise_format_problems,
+    exercise_of,
     find_chapters,
     summarise_exercises,
 )
-from .grading import autograde, exercise_scores, export_grades, released_assignments
+from .grading import (
+    AutogradeReport,
+    StudentGrade,
+    autograde,
+    course_folder,
+    exercise_scores,
+    export_grades,
+    read_flags,
+    released_assignments,
+    resolve_assignment,
+)
 from .leaks import leaked_solution_text
-from .tamper import Finding, ScanReport, scan_notebook, scan_source
 
 __all__ = [
     "COURSE_ID",
+    "AutogradeReport",
     "CourseBuild",
-    "Finding",
+    "ExerciseResult",
+    "Limits",
     "NbgraderError",
-    "ScanReport",
+    "StudentGrade",
     "autograde",
     "check_course_dir",
+    "course_folder",
     "export_grades",
+    "exercise_of",
     "exercise_scores",
+    "grade_submission",
     "nbgrader_errors",
+    "read_flags",
     "released_assignments",
-    "scan_notebook",
-    "scan_source",
+    "resolve_assignment",
+    "write_feedback",
     "select_chapters",
     "submissions_of",
     "write_course_config",

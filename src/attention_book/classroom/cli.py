@@ -2,16 +2,18 @@
 
 Sub-commands (each takes ``--course-dir``, a folder outside the clone)::
 
-    generate [--chapters 02 04] [--root .] [--course-id ID]
-        student versions of the chosen chapters (default: all); safe to rerun
-    scan ASSIGNMENT [--student ID ...]
-        the tamper scan of every submission, without grading
+    generate [--chapters 02 04] [--new] [--root .] [--course-id ID]
+        student versions of the chosen chapters (default: all); safe to rerun; ``--new``
+        creates the course folder the first time (without it a missing course is an error)
     autograde ASSIGNMENT [--student ID ...]
-        nbgrader autograde, then the tamper scan sets tainted exercises to 0
+        grade every submission in clean processes (nbgrader re-runs each notebook in a
+        sandboxed kernel for the feedback); ASSIGNMENT may be a chapter number (02)
     feedback ASSIGNMENT [--student ID ...]
-        nbgrader generate_feedback (hidden tests and package tracebacks left out)
+        feedback pages for students (hidden tests and package tracebacks left out)
     export [--assignment ID ...]
         grades.csv and exercises.csv of the assignments handed in
+    sandbox
+        say whether this machine gives graded code a private view of the files
 
 Not taught in a chapter: the instructor guide (``instructor_guide.md``) shows every command.
 """
@@ -26,9 +28,10 @@ from pathlib import Path
 
 import nbformat
 
-from .course import COURSE_ID, NbgraderError, build_assignments, run_nbgrader
+from .course import COURSE_ID, NbgraderError, build_assignments
+from .feedback import write_feedback
 from .format import chapter_number, exercise_format_problems, summarise_exercises
-from .grading import autograde, autograde_summary, export_grades, quiet_log, scan_submissions
+from .grading import autograde, autograde_summary, export_grades
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,20 +50,31 @@ def _parser() -> argparse.ArgumentParser:
     generate = command("generate", "generate the student versions of the chosen chapters")
     generate.add_argument("--chapters", nargs="*", default=None,
                           help="chapter numbers or names, e.g. 02 04 (default: all)")
+    generate.add_argument("--new", action="store_true",
+                          help="create the course folder (the first time only)")
     generate.add_argument("--root", default=".", help="repository root (default: .)")
     generate.add_argument("--course-id", default=COURSE_ID,
                           help=f"nbgrader course id (default: {COURSE_ID})")
-    for name, text in [("scan", "tamper scan of every submission, without grading"),
-                       ("autograde", "nbgrader autograde plus the tamper scan"),
-                       ("feedback", "nbgrader generate_feedback for students")]:
+    for name, text in [("autograde", "grade every submission in clean processes"),
+                       ("feedback", "feedback pages for students")]:
         sub = command(name, text)
-        sub.add_argument("assignment", help="assignment id, e.g. 02_dot_product_attention")
+        sub.add_argument("assignment", nargs="?", default="",
+                         help="assignment id or chapter number, e.g. 02_dot_product_attention "
+                              "or 02")
         sub.add_argument("--student", action="append", default=None,
                          help="only this student id (repeat for several)")
     export = command("export", "grades.csv and exercises.csv of the handed-in assignments")
     export.add_argument("--assignment", action="append", default=None,
                         help="only this assignment (repeat; default: every one handed in)")
+    command("sandbox", "whether graded code gets a private view of the files here")
     return parser
+
+
+def _students(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    names = [name for value in values for name in value.split() if name]
+    return names or None
 
 
 def _generate(options) -> int:
@@ -68,7 +82,8 @@ def _generate(options) -> int:
     chapters = options.chapters if options.chapters else None
     if chapters and len(chapters) == 1 and " " in chapters[0]:
         chapters = chapters[0].split()
-    build = build_assignments(root, options.course_dir, chapters, options.course_id)
+    build = build_assignments(root, options.course_dir, chapters, options.course_id,
+                              new=options.new)
     course = Path(options.course_dir).resolve()
     for line in build.config:
         print(line)
@@ -87,53 +102,39 @@ def _generate(options) -> int:
     return 0
 
 
-def _scan(options) -> int:
-    results = scan_submissions(options.course_dir, options.assignment, options.student)
-    if not results:
-        print(f"no submissions of {options.assignment} to scan")
-    for result in results:
-        scan = result.scan
-        status = "clean" if scan.clean else f"{len(scan.findings)} flagged line(s)"
-        print(f"{result.student}: {status}")
-        for finding in scan.findings:
-            print(f"  {finding.describe()}")
-        for exercise, _ in scan.tainted.items():
-            print(f"  would set {exercise} to 0")
-        for grade_id in scan.edited_locked:
-            print(f"  edited the locked cell {grade_id} (nbgrader grades the original)")
-        for grade_id in scan.missing_locked:
-            print(f"  deleted the locked cell {grade_id} (nbgrader adds it back)")
-    return 0
-
-
 def _autograde(options) -> int:
-    results = autograde(options.course_dir, options.assignment, options.student)
-    log = Path(options.course_dir, "logs", f"autograde-{options.assignment}.log")
-    for line in quiet_log(log.read_text(encoding="utf-8")) if log.exists() else []:
-        print(line)
-    summary = autograde_summary(results)
-    print(f"autograded {len(results)} submission(s) of {options.assignment}; "
-          f"tamper scan: {sum(1 for r in results if r.scan.clean)} clean")
-    for line in summary:
+    report = autograde(options.course_dir, options.assignment, _students(options.student))
+    count = len(report.students)
+    print(f"graded {count} submission(s) of {report.assignment} in {report.seconds:.0f} s "
+          f"({report.seconds / max(count, 1):.1f} s a student)")
+    for line in autograde_summary(report):
         print(f"  {line}")
-    print("(nbgrader's 'checksum has changed' warnings are left out: every check cell with "
-          "hidden tests gives one; the real edits are listed above)")
+    print(f"every exercise of every student, with its cause: {report.summary}")
     return 0
 
 
 def _feedback(options) -> int:
-    args = ["generate_feedback", options.assignment, "--force"]
-    for student in options.student or [None]:
-        run_nbgrader(options.course_dir, *args, *(["--student", student] if student else []),
-                     log_name=f"feedback-{options.assignment}.log")
-    print(f"feedback written to feedback/<student>/{options.assignment}/ "
-          f"(nbgrader release_feedback {options.assignment} hands it out on a hub)")
+    written = write_feedback(options.course_dir, options.assignment, _students(options.student))
+    for line in written:
+        print(line)
     return 0
 
 
 def _export(options) -> int:
     grades, exercises = export_grades(options.course_dir, options.assignment)
     print(f"wrote {grades.name} and {exercises.name} in {grades.parent}")
+    return 0
+
+
+def _sandbox(options) -> int:
+    from .sandbox import jail_available
+
+    if jail_available():
+        print("graded code runs in a private, read-only view of the files (user namespaces "
+              "are available)")
+    else:
+        print("this machine gives no private view of the files (user namespaces are off): "
+              "graded code runs under the audit hook and resource limits only; see the guide")
     return 0
 
 
@@ -147,12 +148,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 on success, 1 when nbgrader or the input failed, 2 for usage.
     """
     options = _parser().parse_args(argv)
+    if options.command == "sandbox":
+        return _sandbox(options)
     if not options.course_dir:
         print("error: name the course folder with --course-dir or COURSE_DIR, a folder "
               "outside the clone, e.g. COURSE_DIR=$HOME/attention-course", file=sys.stderr)
         return 2
-    handlers = {"generate": _generate, "scan": _scan, "autograde": _autograde,
-                "feedback": _feedback, "export": _export}
+    handlers = {"generate": _generate, "autograde": _autograde, "feedback": _feedback,
+                "export": _export}
     try:
         return handlers[options.command](options)
     except (ValueError, TypeError, NbgraderError) as error:
@@ -160,4 +163,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-__all__ = ["main", "run_nbgrader"]
+__all__ = ["main"]

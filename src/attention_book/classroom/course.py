@@ -456,7 +456,7 @@ def generate_assignments(course_dir: str | os.PathLike,
 
 def build_assignments(root: str | os.PathLike, course_dir: str | os.PathLike,
                       chapters: Iterable[str] | None = None,
-                      course_id: str = COURSE_ID) -> CourseBuild:
+                      course_id: str = COURSE_ID, *, new: bool = False) -> CourseBuild:
     """Generate the student version of the chosen chapters and check it hides the solutions.
 
     Safe to rerun on a live course: chapters with submissions are skipped (and said so),
@@ -468,15 +468,21 @@ def build_assignments(root: str | os.PathLike, course_dir: str | os.PathLike,
         course_dir: the course folder, outside the repository.
         chapters: chapter selectors (see :func:`select_chapters`); ``None`` for all.
         course_id: nbgrader's course id.
+        new: create the course when the folder holds none yet (the first time); without it,
+            a folder that is not a course is refused, so a typo never starts a new course.
 
     Returns:
         A :class:`CourseBuild`.
 
     Raises:
-        ValueError: the course folder is inside the repository, or a chapter is unknown.
+        ValueError: the course folder is inside the repository, holds no course (and
+            ``new`` is false), or a chapter is unknown.
         NbgraderError: nbgrader failed, or a student version leaks a solution.
     """
     course = check_course_dir(course_dir, root)
+    if not new and not (course / INSTRUCTOR_CONFIG).exists():
+        raise ValueError(f"no course at {course}: check COURSE_DIR, or create the course with "
+                         "`make assignments COURSE_DIR=… NEW=1` (--new)")
     selected = select_chapters(root, chapters)
     build = prepare_course(course, selected, course_id)
     if build.released:

@@ -13,19 +13,35 @@ config adds to ``GenerateFeedback.preprocessors``, fixes each of those:
   exception, without repeating a message the cell already printed;
 - absolute paths in error and stream outputs are shortened to the file's name;
 - an answer that still raises ``NotImplementedError`` reads "not answered yet";
-- a figure gets the alt text the book stores in its cell metadata (``mystnb.image.alt``).
+- a figure gets the alt text the book stores in its cell metadata (``mystnb.image.alt``);
+- printed output is capped (:data:`OUTPUT_CHARACTERS` an output), so a 50 MB print cannot
+  make a 50 MB page;
+- each check cell ends with one line giving its points, which come from the clean grading
+  (:mod:`.clean`), so "Correct" printed in the student's own run never stands beside a 0
+  without a word.
+
+:func:`write_feedback` runs ``nbgrader generate_feedback`` for the graded students and
+writes a plain page (scores and comments from the gradebook) for anyone whose notebook
+nbgrader could not re-run, so every student gets feedback.
 
 Not taught in a chapter: the instructor guide (``instructor_guide.md``) explains feedback.
 """
 
 from __future__ import annotations
 
+import html
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
-from .format import BEGIN_HIDDEN, END_HIDDEN
+from .format import BEGIN_HIDDEN, END_HIDDEN, exercise_of
+
+OUTPUT_CHARACTERS = 10_000
 
 HIDDEN_NOTE = "# (hidden tests ran here when your work was graded; they are not shown)"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -130,13 +146,25 @@ class StudentFeedback(Preprocessor):
         for output in cell.get("outputs", []):
             kind = output.get("output_type")
             if kind == "stream":
-                output["text"] = shorten_paths(output.get("text", ""))
+                text = shorten_paths(output.get("text", ""))
+                if len(text) > OUTPUT_CHARACTERS:
+                    text = (text[:OUTPUT_CHARACTERS]
+                            + f"\n… ({len(text) - OUTPUT_CHARACTERS:,} more characters left out)\n")
+                output["text"] = text
             elif kind == "error":
                 output["traceback"] = self._traceback(output, printed)
                 output["evalue"] = shorten_paths(str(output.get("evalue", "")))
         alt = cell.metadata.get("mystnb", {}).get("image", {}).get("alt")
         if alt and "alt" not in cell.metadata:
             cell.metadata["alt"] = alt
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution") and meta.get("score") is not None:
+            from nbformat.v4 import new_output
+
+            cell.outputs.append(new_output("stream", name="stdout", text=(
+                f"Points for this check: {float(meta['score']):g} of "
+                f"{float(meta.get('points') or 0):g}, from the clean run of your answer cell "
+                "(the comment on your answer says why).\n")))
         return cell, resources
 
     def _traceback(self, output, printed: str) -> list[str]:
@@ -169,3 +197,106 @@ class StudentFeedback(Preprocessor):
         if dropped:
             frames.append(f"({dropped} step(s) inside the book's package left out)")
         return frames + [summary]
+
+
+def _problems(course: Path, assignment: str, student: str) -> list[str]:
+    import csv
+
+    path = course / "grading" / f"summary-{assignment}.csv"
+    if not path.exists():
+        return []
+    with path.open(encoding="utf-8") as handle:
+        return [shorten_paths(row["cause"]) for row in csv.DictReader(handle)
+                if row["student"] == student and not row["exercise"] and row["cause"]]
+
+
+def _fallback_page(course: Path, assignment: str, student: str) -> str:
+    """A plain feedback page from the gradebook: each exercise's score and comment."""
+    from nbgrader.api import Gradebook
+
+    rows = []
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        submission = gradebook.find_submission(assignment, student)
+        for notebook in submission.notebooks:
+            comments = {exercise_of(c.name): c.comment for c in notebook.comments}
+            scores: dict[str, list[float]] = {}
+            for grade in notebook.grades:
+                entry = scores.setdefault(exercise_of(grade.name), [0.0, 0.0])
+                entry[0] += float(grade.score or 0.0)
+                entry[1] += float(grade.max_score or 0.0)
+            for key, (score, points) in sorted(scores.items()):
+                rows.append(f"<tr><td>{html.escape(key)}</td><td>{score:g} / {points:g}</td>"
+                            f"<td><pre>{html.escape(comments.get(key) or '')}</pre></td></tr>")
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>Feedback: {html.escape(assignment)}</title></head><body>"
+            f"<h1>Feedback on {html.escape(assignment)}</h1>"
+            "<p>Your notebook could not be re-run for the usual feedback page; your grade "
+            "comes from a clean run of each answer cell, and the comments below say what "
+            "counted.</p>"
+            + "".join(f"<p>What happened: {html.escape(p)}</p>"
+                      for p in _problems(course, assignment, student))
+            + "<table><thead><tr><th>exercise</th><th>points</th><th>comment</th></tr></thead>"
+            + f"<tbody>{''.join(rows)}</tbody></table></body></html>")
+
+
+def write_feedback(course_dir, assignment: str, students: list[str] | None = None) -> list[str]:
+    """Feedback pages for the graded students of ``assignment``.
+
+    Args:
+        course_dir: the course folder.
+        assignment: the assignment id or its chapter number.
+        students: only these student ids (default: everyone graded).
+
+    Returns:
+        What was written, one line per student.
+
+    Raises:
+        ValueError: no course, an unknown assignment, or nothing graded yet.
+    """
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from .grading import course_folder, resolve_assignment
+
+    course = course_folder(course_dir)
+    assignment = resolve_assignment(course, assignment)
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        try:
+            graded = sorted(s.student.id for s in gradebook.find_assignment(assignment).submissions)
+        except MissingEntry:
+            graded = []
+    if students:
+        unknown = [s for s in students if s not in graded]
+        if unknown:
+            raise ValueError(f"no graded work of {assignment} by {', '.join(unknown)} (graded: "
+                             f"{', '.join(graded) or 'nobody yet'}); run `make autograde` first")
+        graded = [s for s in graded if s in students]
+    if not graded:
+        raise ValueError(f"nobody's work on {assignment} has been graded yet: run "
+                         f"`make autograde ASSIGNMENT={assignment}` first")
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    rerun = [s for s in graded if any((course / "autograded" / s / assignment).glob("*.ipynb"))]
+    if rerun:
+        command = [sys.executable, "-m", "nbgrader", "generate_feedback", assignment, "--force"]
+        # nbgrader takes one --student at a time: one run for everyone, or one per student
+        runs = [command] if students is None else [[*command, "--student", s] for s in rerun]
+        log = []
+        for run in runs:
+            process = subprocess.run(run, cwd=course, env=env, capture_output=True, text=True,
+                                     check=False)
+            log.append(process.stdout + process.stderr)
+        (course / "logs").mkdir(exist_ok=True)
+        (course / "logs" / f"feedback-{assignment}.log").write_text("\n".join(log),
+                                                                      encoding="utf-8")
+    lines = []
+    for student in graded:
+        page = course / "feedback" / student / assignment / f"{assignment}.html"
+        if page.exists() and student in rerun:
+            lines.append(f"{student}: feedback/{student}/{assignment}/{page.name}")
+            continue
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(_fallback_page(course, assignment, student), encoding="utf-8")
+        lines.append(f"{student}: feedback/{student}/{assignment}/{page.name} (scores and "
+                     "comments only: the notebook could not be re-run)")
+    lines.append(f"(nbgrader release_feedback {assignment} hands them out on a hub)")
+    return lines

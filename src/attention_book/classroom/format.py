@@ -110,6 +110,25 @@ class ExerciseSummary:
                    if self.kinds.get(number) in TRANSFER_KINDS)
 
 
+_EXERCISE_OF = re.compile(r"^(?P<exercise>ch\d+-ex\d+)-")
+
+
+def exercise_of(grade_id: str) -> str:
+    """Return the exercise a grade id belongs to: ``"ch02-ex3-check"`` -> ``"ch02-ex3"``.
+
+    Args:
+        grade_id: an nbgrader grade id; ids outside the book's ``chNN-exK-…`` scheme are
+            their own exercise.
+
+    Returns:
+        The exercise key.
+    """
+    if not isinstance(grade_id, str):
+        raise TypeError(f"grade_id must be a str, got {type(grade_id).__name__}")
+    match = _EXERCISE_OF.match(grade_id)
+    return match["exercise"] if match else grade_id
+
+
 def prompt_match(cell) -> re.Match | None:
     """The exercise title of a prompt cell (its first line), or None for any other cell."""
     if cell.cell_type != "markdown":

@@ -1,212 +1,701 @@
-"""Autograde with the tamper scan, and export only what was handed out.
+"""Autograde in clean processes, keep every flag, export only what was handed in.
 
-:func:`autograde` runs ``nbgrader autograde`` and then the tamper scan
-(:mod:`attention_book.classroom.tamper`) on every submission: each tainted exercise gets
-an autograded score of 0 in the gradebook, and its answer cell a comment that names the
-line. An instructor who disagrees sets a manual score in the formgrader; a later
-``autograde`` keeps it (nbgrader's manual score always wins over the autograded one).
+:func:`autograde` grades one assignment for every student who handed it in (or the ones
+named), in three steps that never stop for one student's sake:
 
-It also explains nbgrader's noisy ``Attribute 'checksum' for cell … has changed!``
-warnings: every check cell with hidden tests triggers one for every student, because the
-student version lacks the hidden tests that the gradebook's copy has (nbgrader restores
-them, as it should). The log keeps only the real edits, found by comparing each locked
-cell with the student version.
+1. **nbgrader's own run, for the feedback only.** Each submission is copied, notebook only,
+   into ``grading/staged/`` with its nbgrader metadata restored from the instructor's
+   version (a duplicated or invented grade id, a demoted check cell or a changed point
+   value cannot make nbgrader stop), and ``nbgrader autograde`` re-runs it in the sandboxed
+   kernel (:mod:`.sandbox`: a private read-only view of the files, no course folder, no
+   gradebook). A student whose run fails (a dead kernel, a hang) is named, with the cause.
+2. **The grade.** Every exercise is graded in clean processes (:mod:`.clean`): the answer
+   cell alone, sandboxed, called from the trusted hidden tests. Those scores replace
+   nbgrader's in the gradebook, and each answer cell gets a comment saying what counted.
+3. **Integrity.** Integrity findings (a forbidden call, the checkers imported, something
+   the sandbox refused) are flags: the exercise scores 0, the flag is written to
+   ``grading/flags.json`` and applied again by every later run, so a rerun never undoes
+   it. A manual score that appeared in the gradebook during the run (the formgrader is the
+   only place manual scores come from) is put back and reported. An instructor who
+   disagrees with a flag sets a manual score in the formgrader; it wins.
+
+Printed output in the autograded notebooks is capped (a 50 MB print stays a few lines)
+and any output that repeats a hidden test is removed. ``grading/summary-<assignment>.csv``
+lists every exercise of every student with its score and cause.
 
 :func:`export_grades` writes nbgrader's ``grades.csv`` for the assignments that students
-have handed in (no zero rows for chapters that were never handed out) and
-``exercises.csv`` with one row per student and exercise.
+have handed in and ``exercises.csv`` with one row per student and exercise.
 
 Not taught in a chapter: the instructor guide (``instructor_guide.md``) shows how to use it.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
+import datetime
+import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
+from .clean import ExerciseResult, Limits, grade_submissions, read_exercises
+from .course import run_nbgrader
+from .format import BEGIN_HIDDEN, END_HIDDEN, exercise_of
 
-from .course import run_nbgrader, submissions_of
-from .tamper import ScanReport, exercise_of, scan_notebook
-
-TAMPER_COMMENT = "Tamper scan: score set to 0 (the instructor can override it). "
-_CHECKSUM_WARNING = re.compile(r"Attribute 'checksum' for cell (?P<cell>\S+) has changed")
-_NOISE = ("Kernel is running over TCP without encryption", "SAWarning", "warnings.warn(",
-          "sqlalchemy", "Config option `kernel_spec_manager_class`")
+GRADING = "grading"  # the book's folder inside the course
+KERNEL_NAME = "attention-book-grading"
+OUTPUT_CHARACTERS = 10_000  # per output of an autograded notebook
+NOTEBOOK_OUTPUT_CHARACTERS = 200_000
+_FAILED_BLOCK = re.compile(r"There was an error processing assignment: (?P<path>[^\n]+)")
 
 
 @dataclass
-class StudentResult:
-    """One student's notebook of one assignment after the tamper-aware autograde.
+class StudentGrade:
+    """One student's notebook of one assignment, graded.
 
     Args:
         student: the student id.
         notebook: the notebook id.
-        scan: the tamper scan's report.
-        zeroed: grade ids whose autograded score the scan set to 0, with the old score.
-        kept_manual: grade ids the scan would zero but whose manual score the instructor set.
+        exercises: the clean grade of each exercise.
+        problems: what went wrong for this student outside the exercises (nbgrader's
+            feedback run failed, the notebook could not be read), as sentences.
+        flags: each exercise's integrity flags, this run's and every earlier run's.
+        kept_manual: grade ids that are flagged or failed but keep the instructor's manual
+            score.
+        reverted: manual scores that appeared during the run and were put back.
     """
 
     student: str
     notebook: str
-    scan: ScanReport
-    zeroed: dict[str, float | None] = field(default_factory=dict)
+    exercises: list[ExerciseResult] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    flags: dict[str, list[str]] = field(default_factory=dict)
     kept_manual: list[str] = field(default_factory=list)
+    reverted: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        """Autograded points after flags."""
+        return sum(0.0 if self.flags.get(e.key) else e.score for e in self.exercises)
 
 
-def _course(course_dir) -> Path:
-    course = Path(course_dir).resolve()
+@dataclass
+class AutogradeReport:
+    """What :func:`autograde` did.
+
+    Args:
+        assignment: the assignment id.
+        students: one :class:`StudentGrade` per graded notebook.
+        isolated: the answers and kernels ran in the private file view.
+        summary: the CSV with every exercise of every student.
+        seconds: wall-clock time of the whole run.
+    """
+
+    assignment: str
+    students: list[StudentGrade]
+    isolated: bool
+    summary: Path
+    seconds: float
+
+
+# --------------------------------------------------------------------------- the course
+
+
+def course_folder(course_dir) -> Path:
+    """The course folder, which must exist and hold ``nbgrader_config.py``.
+
+    Args:
+        course_dir: the folder the instructor named (``COURSE_DIR``).
+
+    Returns:
+        Its absolute path.
+
+    Raises:
+        ValueError: there is no course there (with what to do about it).
+    """
+    if not course_dir:
+        raise ValueError("name the course folder with --course-dir or COURSE_DIR")
+    course = Path(course_dir).expanduser().resolve()
+    if not course.is_dir():
+        raise ValueError(f"no course at {course}: check COURSE_DIR, or create a course there "
+                         "with `make assignments COURSE_DIR=… NEW=1`")
     if not (course / "nbgrader_config.py").exists():
-        raise ValueError(f"{course} is not a course folder (no nbgrader_config.py); "
-                         "run `python -m attention_book.classroom generate` first")
+        raise ValueError(f"{course} is not a course folder (no nbgrader_config.py): check "
+                         "COURSE_DIR, or create a course with `make assignments … NEW=1`")
     return course
+
+
+_course = course_folder
 
 
 def _db_url(course: Path) -> str:
     return f"sqlite:///{course / 'gradebook.db'}"
 
 
-def scan_submissions(course_dir: str | os.PathLike, assignment: str,
-                     students: list[str] | None = None) -> list[StudentResult]:
-    """Run the tamper scan on every submitted notebook of ``assignment``.
+def known_assignments(course_dir) -> list[str]:
+    """The assignments of a course: the folders of ``source/`` and ``release/``.
 
     Args:
         course_dir: the course folder.
-        assignment: the assignment id.
-        students: only these student ids (default: everyone in ``submitted/``).
 
     Returns:
-        One :class:`StudentResult` per submitted notebook (nothing zeroed yet).
+        Assignment ids, sorted.
     """
-    course = _course(course_dir)
-    release_dir = course / "release" / assignment
-    if not release_dir.is_dir():
-        raise ValueError(f"no student version of {assignment!r} in {release_dir}; "
-                         "was it generated?")
-    results = []
-    for folder in sorted((course / "submitted").glob(f"*/{assignment}")):
-        student = folder.parent.name
-        if students and student not in students:
-            continue
-        for path in sorted(folder.glob("*.ipynb")):
-            release = release_dir / path.name
-            if not release.exists():
-                continue
-            source_path = course / "source" / assignment / path.name
-            source = nbformat.read(source_path, as_version=4) if source_path.exists() else None
-            report = scan_notebook(nbformat.read(path, as_version=4),
-                                   nbformat.read(release, as_version=4), source)
-            results.append(StudentResult(student, path.stem, report))
-    return results
+    course = course_folder(course_dir)
+    names = {path.name for folder in ("source", "release")
+             for path in (course / folder).glob("*") if path.is_dir()}
+    return sorted(names)
 
 
-def apply_tamper_scores(course_dir: str | os.PathLike, assignment: str,
-                        results: list[StudentResult]) -> None:
-    """Set the autograded score of every tainted exercise to 0, with a comment.
-
-    The comment goes on the exercise's answer cell (nbgrader shows comments on answer
-    cells, in the formgrader and in the feedback). A manual score is left alone.
+def resolve_assignment(course_dir, name: str) -> str:
+    """The assignment id that ``name`` means: an id, or a chapter number like ``02``.
 
     Args:
         course_dir: the course folder.
-        assignment: the assignment id.
-        results: from :func:`scan_submissions`; their ``zeroed`` and ``kept_manual`` are
-            filled in.
+        name: what the instructor typed (``ASSIGNMENT=02``).
+
+    Returns:
+        The assignment id.
+
+    Raises:
+        ValueError: ``name`` is empty, unknown or ambiguous (the message lists the known ones).
     """
+    known = known_assignments(course_dir)
+    have = ", ".join(known) if known else "none yet: run `make assignments` first"
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name the assignment, e.g. ASSIGNMENT=02 (have {have})")
+    text = name.strip().rstrip("/").removesuffix(".ipynb")
+    if text in known:
+        return text
+    matches = [a for a in known if text.isdigit() and a.split("_", 1)[0].isdigit()
+               and int(a.split("_", 1)[0]) == int(text)]
+    if len(matches) == 1:
+        return matches[0]
+    raise ValueError(f"unknown assignment {name!r} (have {have})")
+
+
+def _grading_dir(course: Path) -> Path:
+    folder = course / GRADING
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _submitted(course: Path, assignment: str, students: list[str] | None) -> dict[str, Path]:
+    """Each student's submitted notebook of ``assignment`` (one notebook per assignment)."""
+    found = {}
+    for folder in sorted((course / "submitted").glob(f"*/{assignment}")):
+        if not folder.is_dir():
+            continue
+        notebook = folder / f"{assignment}.ipynb"
+        found[folder.parent.name] = notebook
+    if students:
+        unknown = [s for s in students if s not in found]
+        if unknown:
+            have = ", ".join(sorted(found)) or "nobody yet"
+            raise ValueError(f"no submission of {assignment} by {', '.join(unknown)} "
+                             f"(submitted/*/{assignment} has: {have})")
+        found = {s: found[s] for s in students}
+    return found
+
+
+# --------------------------------------------------------------------------- staging
+
+
+def _restored(submission: dict, source: dict) -> dict:
+    """The submission with nbgrader metadata as the instructor wrote it.
+
+    Cells whose grade id the instructor's version has keep it, once, with the instructor's
+    metadata (points, lock, checksum); any other nbgrader metadata (a duplicate, an invented
+    graded cell) is dropped, so nbgrader's run cannot fail on it.
+    """
+    wanted = {}
+    for cell in source.get("cells", []):
+        meta = (cell.get("metadata") or {}).get("nbgrader")
+        if isinstance(meta, dict) and meta.get("grade_id"):
+            wanted[meta["grade_id"]] = (cell.get("cell_type"), meta)
+    notebook = copy.deepcopy(submission)
+    seen = set()
+    cells = []
+    for cell in notebook.get("cells", []):
+        if not isinstance(cell, dict):
+            continue
+        metadata = cell.setdefault("metadata", {}) if isinstance(cell.get("metadata"), dict) \
+            else cell.setdefault("metadata", {})
+        if not isinstance(metadata, dict):
+            cell["metadata"] = metadata = {}
+        meta = metadata.get("nbgrader")
+        grade_id = meta.get("grade_id") if isinstance(meta, dict) else None
+        if grade_id in wanted and grade_id not in seen and cell.get("cell_type") == wanted[
+                grade_id][0]:
+            metadata["nbgrader"] = copy.deepcopy(wanted[grade_id][1])
+            seen.add(grade_id)
+        else:
+            metadata.pop("nbgrader", None)
+        cells.append(cell)
+    notebook["cells"] = cells
+    notebook.setdefault("metadata", {})
+    notebook["metadata"]["kernelspec"] = (source.get("metadata") or {}).get(
+        "kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
+    notebook["nbformat"], notebook["nbformat_minor"] = 4, max(
+        5, int(notebook.get("nbformat_minor", 5) or 5))
+    return notebook
+
+
+def _stage(course: Path, assignment: str, notebooks: dict[str, Path], source: dict,
+           problems: dict[str, list[str]]) -> Path:
+    staged = _grading_dir(course) / "staged"
+    if staged.exists():
+        shutil.rmtree(staged)
+    for student, path in notebooks.items():
+        try:
+            submission = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(submission, dict):
+                raise ValueError("not a notebook")
+        except (OSError, ValueError, UnicodeDecodeError) as error:
+            problems[student].append(f"the notebook could not be read ({type(error).__name__}),"
+                                     " so there is no feedback run")
+            continue
+        folder = staged / student / assignment
+        folder.mkdir(parents=True)
+        (folder / path.name).write_text(json.dumps(_restored(submission, source)),
+                                        encoding="utf-8")
+        timestamp = path.parent / "timestamp.txt"
+        if timestamp.is_file():
+            shutil.copyfile(timestamp, folder / "timestamp.txt")
+    return staged
+
+
+def _sections(log: str, staged: Path) -> dict[str, str]:
+    """Each student's part of an nbgrader autograde log (from their "Sanitizing" line on)."""
+    marker = re.compile(r"\[AutogradeApp \| INFO\] Sanitizing (?P<path>\S+)")
+    starts = [(m.start(), Path(m["path"]).relative_to(staged).parts[0])
+              for m in marker.finditer(log) if Path(m["path"]).is_relative_to(staged)]
+    sections: dict[str, str] = {}
+    for index, (start, student) in enumerate(starts):
+        end = starts[index + 1][0] if index + 1 < len(starts) else len(log)
+        sections[student] = sections.get(student, "") + log[start:end]
+    return sections
+
+
+def _kernel_spec(course: Path) -> Path:
+    """The sandboxed kernel for nbgrader's run, in a folder on ``JUPYTER_PATH``."""
+    from . import sandbox
+
+    folder = _grading_dir(course) / "jupyter"
+    spec = folder / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-I", sandbox.__file__, "kernel", "-f", "{connection_file}"],
+        "display_name": "Python 3 (sandboxed for grading)",
+        "language": "python",
+        "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1", "MPLBACKEND":
+                "module://matplotlib_inline.backend_inline"},
+    }, indent=1), encoding="utf-8")
+    return folder
+
+
+def _nbgrader_feedback_run(course: Path, assignment: str, staged: Path, students: list[str],
+                           cell_timeout: int, timeout: float) -> tuple[dict[str, str], str]:
+    """nbgrader autograde of the staged notebooks in the sandboxed kernel."""
+    if not students:
+        return {}, ""
+    jupyter = _kernel_spec(course)
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["JUPYTER_PATH"] = os.pathsep.join([str(jupyter), env.get("JUPYTER_PATH", "")]).rstrip(
+        os.pathsep)
+    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force",
+               f"--CourseDirectory.submitted_directory={staged.relative_to(course)}",
+               f"--Execute.kernel_name={KERNEL_NAME}", f"--Execute.timeout={cell_timeout}",
+               "--Execute.interrupt_on_timeout=True", "--Execute.raise_on_iopub_timeout=False"]
+    failures: dict[str, str] = {}
+    try:
+        process = subprocess.run(command, cwd=course, env=env, capture_output=True, text=True,
+                                 timeout=timeout, check=False)
+        log = process.stdout + process.stderr
+    except subprocess.TimeoutExpired as error:
+        log = (error.stdout or b"").decode(errors="replace") if isinstance(
+            error.stdout, bytes) else (error.stdout or "")
+        for student in students:
+            if not (course / "autograded" / student / assignment).exists():
+                failures[student] = (f"nbgrader's feedback run was stopped after {timeout:g} s "
+                                     "before it reached this notebook")
+    (course / "logs").mkdir(exist_ok=True)
+    (course / "logs" / f"autograde-{assignment}.log").write_text(log, encoding="utf-8")
+    from .course import nbgrader_errors
+
+    for student, section in _sections(log, staged).items():
+        causes = [c for c in nbgrader_errors(section)
+                  if "error processing" not in c.lower() and "see the" not in c.lower()
+                  and "traceback" not in c.lower() and "interrupting kernel" not in c.lower()
+                  and "subprocesses termination" not in c.lower()]
+        if _FAILED_BLOCK.search(section):
+            failures[student] = ("nbgrader's feedback run failed"
+                                 + (f": {causes[-1][:300]}" if causes else ""))
+        elif causes:
+            failures[student] = ("nbgrader's feedback run was interrupted: "
+                                 + "; ".join(dict.fromkeys(c[:200] for c in causes)))
+    for student in students:
+        if student not in failures and not any(
+                (course / "autograded" / student / assignment).glob("*.ipynb")):
+            causes = nbgrader_errors(log)
+            failures[student] = ("nbgrader's feedback run made no notebook"
+                                 + (f": {causes[-1][:300]}" if causes else "")
+                                 + f" (whole log: logs/autograde-{assignment}.log)")
+    return failures, log
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _hidden_lines(source: dict) -> list[str]:
+    lines = []
+    for cell in source.get("cells", []):
+        text = "".join(cell.get("source", "")) if isinstance(cell.get("source"), list) \
+            else str(cell.get("source", ""))
+        inside = False
+        for line in text.splitlines():
+            if BEGIN_HIDDEN in line:
+                inside = True
+                continue
+            if END_HIDDEN in line:
+                inside = False
+            elif inside and len(line.strip()) >= 16:
+                lines.append(line.strip())
+    return lines
+
+
+def bound_outputs(notebook: dict, hidden_lines: list[str]) -> dict:
+    """Cap printed output and drop any output that repeats a hidden test line.
+
+    Args:
+        notebook: a notebook as a dict (changed in place and returned).
+        hidden_lines: the hidden tests' lines (:func:`_hidden_lines`).
+
+    Returns:
+        The notebook.
+    """
+    budget = NOTEBOOK_OUTPUT_CHARACTERS
+    for cell in notebook.get("cells", []):
+        kept = []
+        for output in cell.get("outputs", []) or []:
+            if not isinstance(output, dict):
+                continue
+            texts = []
+            for key in ("text",):
+                if key in output:
+                    texts.append(key)
+            data = output.get("data") if isinstance(output.get("data"), dict) else {}
+            blob = json.dumps(output)[:2_000_000]
+            if any(line in blob for line in hidden_lines):
+                kept.append({"output_type": "stream", "name": "stdout",
+                             "text": "(output removed: it repeated the hidden tests)\n"})
+                continue
+            for key in texts:
+                value = output[key]
+                value = "".join(value) if isinstance(value, list) else str(value)
+                limit = max(0, min(OUTPUT_CHARACTERS, budget))
+                if len(value) > limit:
+                    value = value[:limit] + f"\n… ({len(value) - limit:,} more characters " \
+                                            "left out)\n"
+                budget -= len(value)
+                output[key] = value
+            for mime in ("text/plain", "text/html"):
+                if mime in data:
+                    value = data[mime]
+                    value = "".join(value) if isinstance(value, list) else str(value)
+                    if len(value) > max(OUTPUT_CHARACTERS * 20, 0) or budget <= 0:
+                        data[mime] = value[:OUTPUT_CHARACTERS] + "\n… (left out)\n"
+                    budget -= min(len(value), OUTPUT_CHARACTERS * 20)
+            if output.get("output_type") == "error":
+                output["traceback"] = [str(line)[:OUTPUT_CHARACTERS]
+                                       for line in (output.get("traceback") or [])[:40]]
+                output["evalue"] = str(output.get("evalue", ""))[:OUTPUT_CHARACTERS]
+            kept.append(output)
+        if "outputs" in cell:
+            cell["outputs"] = kept
+    return notebook
+
+
+def _bound_autograded(course: Path, assignment: str, students: list[str], source: dict) -> None:
+    hidden = _hidden_lines(source)
+    for student in students:
+        for path in (course / "autograded" / student / assignment).glob("*.ipynb"):
+            try:
+                notebook = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            path.write_text(json.dumps(bound_outputs(notebook, hidden), indent=1),
+                            encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def _flags_path(course: Path) -> Path:
+    return _grading_dir(course) / "flags.json"
+
+
+def read_flags(course_dir) -> list[dict]:
+    """Every integrity flag ever recorded in the course (``grading/flags.json``).
+
+    Args:
+        course_dir: the course folder.
+
+    Returns:
+        Dicts with ``assignment``, ``student``, ``exercise``, ``flag`` and ``first_seen``.
+    """
+    path = _flags_path(course_folder(course_dir))
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return []
+    return [entry for entry in data.get("flags", []) if isinstance(entry, dict)]
+
+
+def _record_flags(course: Path, new: list[dict]) -> list[dict]:
+    flags = read_flags(course)
+    known = {(f["assignment"], f["student"], f["exercise"], f["flag"]) for f in flags}
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    for entry in new:
+        key = (entry["assignment"], entry["student"], entry["exercise"], entry["flag"])
+        if key not in known:
+            flags.append({**entry, "first_seen": now})
+            known.add(key)
+    path = _flags_path(course)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"flags": flags}, indent=1), encoding="utf-8")
+    temporary.replace(path)
+    return flags
+
+
+# --------------------------------------------------------------------------- the gradebook
+
+
+def _manual_scores(course: Path, assignment: str) -> dict[tuple[str, str], tuple]:
     from nbgrader.api import Gradebook, MissingEntry
 
-    course = _course(course_dir)
+    scores = {}
     with Gradebook(_db_url(course)) as gradebook:
-        for result in results:
-            if not result.scan.tainted:
+        try:
+            record = gradebook.find_assignment(assignment)
+        except MissingEntry:
+            return {}
+        for submission in record.submissions:
+            for notebook in submission.notebooks:
+                for grade in notebook.grades:
+                    scores[(submission.student.id, grade.name)] = (grade.manual_score,
+                                                                   grade.extra_credit)
+    return scores
+
+
+def _write_grades(course: Path, assignment: str, grade: StudentGrade,
+                  snapshot: dict[tuple[str, str], tuple]) -> None:
+    from nbgrader.api import Gradebook
+
+    results = {cell.grade_id: cell for e in grade.exercises for cell in e.cells}
+    exercises = {e.key: e for e in grade.exercises}
+    with Gradebook(_db_url(course)) as gradebook:
+        gradebook.update_or_create_student(grade.student)
+        with gradebook.db.no_autoflush:
+            submission = gradebook.update_or_create_submission(assignment, grade.student)
+        notebook = next((n for n in submission.notebooks if n.name == grade.notebook), None)
+        if notebook is None:
+            return
+        for row in notebook.grades:
+            before = snapshot.get((grade.student, row.name), (None, None))
+            if (row.manual_score, row.extra_credit) != before:
+                grade.reverted.append(f"{row.name}: {row.manual_score} -> {before[0]}")
+                row.manual_score, row.extra_credit = before
+            cell = results.get(row.name)
+            if cell is None:
                 continue
-            try:
-                submission = gradebook.find_submission_notebook(
-                    result.notebook, assignment, result.student)
-            except MissingEntry:
-                continue  # not autograded (yet)
-            by_exercise: dict[str, list] = {}
-            for grade in submission.grades:
-                if grade.cell.cell_type == "code":
-                    by_exercise.setdefault(exercise_of(grade.name), []).append(grade)
-            answers = {exercise_of(comment.name): comment for comment in submission.comments}
-            for exercise, findings in result.scan.tainted.items():
-                for grade in by_exercise.get(exercise, []):
-                    if grade.manual_score is not None:
-                        result.kept_manual.append(grade.name)
-                        continue
-                    result.zeroed[grade.name] = grade.auto_score
-                    grade.auto_score = 0.0
-                comment = answers.get(exercise)
-                if comment is not None:
-                    lines = "; ".join(finding.describe() for finding in findings[:3])
-                    more = f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""
-                    comment.auto_comment = TAMPER_COMMENT + lines + more
-            gradebook.db.commit()
+            flagged = bool(grade.flags.get(exercise_of(row.name)))
+            row.auto_score = float(cell.points) if cell.passed and not flagged else 0.0
+            row.needs_manual_grade = False
+            if row.manual_score is not None and row.auto_score < cell.points:
+                grade.kept_manual.append(row.name)
+        for comment in notebook.comments:
+            exercise = exercises.get(exercise_of(comment.name))
+            if exercise is not None:
+                comment.auto_comment = _comment(exercise, grade.flags.get(exercise.key, []),
+                                                any(exercise_of(g) == exercise.key
+                                                    for g in grade.kept_manual))
+        gradebook.db.commit()
+
+
+def _comment(exercise: ExerciseResult, flags: list[str], manual: bool) -> str:
+    from .feedback import shorten_paths
+
+    points = f"{exercise.score:g} of {exercise.points:g}" if not flags \
+        else f"0 of {exercise.points:g}"
+    text = [f"Graded in a clean run of this answer cell on its own: {points} points."]
+    if flags:
+        text.append("Not counted: " + "; ".join(flags[:3]) + ".")
+    elif exercise.cause:
+        text.append(exercise.cause)
+    text += [f"Note: {note}." for note in exercise.notes[:3]]
+    if manual:
+        text.append("The instructor set a manual score for this exercise, which is the one "
+                    "that counts.")
+    return shorten_paths("\n".join(text))
+
+
+# --------------------------------------------------------------------------- autograde
 
 
 def autograde(course_dir: str | os.PathLike, assignment: str,
-              students: list[str] | None = None, force: bool = True) -> list[StudentResult]:
-    """``nbgrader autograde`` followed by the tamper scan and its zero scores.
+              students: list[str] | None = None, *, feedback_run: bool = True,
+              limits: Limits | None = None, cell_timeout: int = 180,
+              feedback_timeout: float | None = None) -> AutogradeReport:
+    """Grade ``assignment`` for every student who handed it in (see the module docstring).
 
     Args:
         course_dir: the course folder.
-        assignment: the assignment id.
+        assignment: the assignment id, or its chapter number (``"02"``).
         students: only these student ids (default: every submission).
-        force: re-grade submissions that were autograded before.
+        feedback_run: also let nbgrader re-run each notebook for the feedback.
+        limits: the limits of each answer process (:class:`~.clean.Limits`).
+        cell_timeout: seconds for one cell in nbgrader's feedback run.
+        feedback_timeout: seconds for the whole feedback run (default: 10 minutes a student).
 
     Returns:
-        One :class:`StudentResult` per submitted notebook.
+        An :class:`AutogradeReport`.
 
     Raises:
-        NbgraderError: nbgrader failed; the message holds the real cause.
+        ValueError: no course, an unknown assignment or student, or no submissions.
     """
-    if not isinstance(assignment, str) or not assignment:
-        raise ValueError(f"assignment must be a non-empty str, got {assignment!r}")
-    course = _course(course_dir)
-    if not submissions_of(course, assignment):
-        raise ValueError(f"nobody has submitted {assignment!r} yet (submitted/*/{assignment})")
-    results = scan_submissions(course, assignment, students)
-    args = ["autograde", assignment]
-    if force:
-        args.append("--force")
-    for student in students or [None]:
-        run_nbgrader(course, *args, *(["--student", student] if student else []),
-                     log_name=f"autograde-{assignment}.log")
-    apply_tamper_scores(course, assignment, results)
-    return results
+    start = time.monotonic()
+    course = course_folder(course_dir)
+    assignment = resolve_assignment(course, assignment)
+    notebooks = _submitted(course, assignment, students)
+    if not notebooks:
+        raise ValueError(f"nobody has handed in {assignment} yet (submitted/*/{assignment} is "
+                         "empty); collect the submissions first")
+    source_path = course / "source" / assignment / f"{assignment}.ipynb"
+    source = json.loads(source_path.read_text(encoding="utf-8"))
+    exercises = read_exercises(source)
+    problems: dict[str, list[str]] = {student: [] for student in notebooks}
+    snapshot = _manual_scores(course, assignment)
+    failures: dict[str, str] = {}
+    if feedback_run:
+        staged = _stage(course, assignment, notebooks, source, problems)
+        runnable = [s for s in notebooks if (staged / s / assignment).is_dir()]
+        failures, _ = _nbgrader_feedback_run(
+            course, assignment, staged, runnable, cell_timeout,
+            feedback_timeout if feedback_timeout is not None else 600.0 * max(1, len(runnable)))
+        _bound_autograded(course, assignment, runnable, source)
+        shutil.rmtree(staged, ignore_errors=True)
+        for student, cause in failures.items():
+            if student in problems:
+                problems[student].append(cause)
+    grades: list[StudentGrade] = []
+    new_flags: list[dict] = []
+    try:
+        graded, isolated = grade_submissions(source, notebooks, limits=limits)
+    except RuntimeError as error:
+        from .clean import CellResult
+
+        isolated, graded = False, {}
+        for student in notebooks:
+            graded[student] = [ExerciseResult(
+                e.key, e.title, [CellResult(c.grade_id, c.points) for c in e.grade_cells],
+                cause=f"This exercise could not be graded ({error}); tell your instructor.")
+                for e in exercises]
+            problems[student].append(f"the clean grading failed: {error}")
+    for student in notebooks:
+        grade = StudentGrade(student, assignment, exercises=graded[student],
+                             problems=problems[student])
+        for result in grade.exercises:
+            for flag in result.flags:
+                new_flags.append({"assignment": assignment, "student": student,
+                                  "exercise": result.key, "flag": flag})
+        grades.append(grade)
+    all_flags = _record_flags(course, new_flags)
+    for grade in grades:
+        for entry in all_flags:
+            if entry["assignment"] == assignment and entry["student"] == grade.student:
+                grade.flags.setdefault(entry["exercise"], []).append(entry["flag"])
+        _write_grades(course, assignment, grade, snapshot)
+    for grade in grades:  # a manual score written by someone's code is a flag of that student
+        if grade.reverted:
+            entry = {"assignment": assignment, "student": grade.student, "exercise": "gradebook",
+                     "flag": "a manual score appeared in the gradebook during grading: "
+                             + "; ".join(grade.reverted[:3])}
+            _record_flags(course, [entry])
+            grade.flags.setdefault("gradebook", []).append(entry["flag"])
+    summary = _write_summary(course, assignment, grades)
+    return AutogradeReport(assignment, grades, isolated, summary, time.monotonic() - start)
 
 
-def autograde_summary(results: list[StudentResult]) -> list[str]:
-    """Lines for the instructor: real check-cell edits, tamper findings, zeroed scores.
+def _write_summary(course: Path, assignment: str, grades: list[StudentGrade]) -> Path:
+    path = _grading_dir(course) / f"summary-{assignment}.csv"
+    graded = {grade.student for grade in grades}
+    kept = []  # the rows of students this run did not grade (STUDENT=… runs)
+    if path.exists():
+        with path.open(encoding="utf-8") as handle:
+            kept = [row for row in csv.reader(handle)][1:]
+        kept = [row for row in kept if row and row[0] not in graded]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "assignment", "exercise", "score", "max_score", "cause",
+                         "flags"])
+        writer.writerows(kept)
+        for grade in grades:
+            for exercise in grade.exercises:
+                flags = grade.flags.get(exercise.key, [])
+                score = 0.0 if flags else exercise.score
+                writer.writerow([grade.student, assignment, exercise.key, f"{score:g}",
+                                 f"{exercise.points:g}", exercise.cause, " | ".join(flags)])
+            for problem in grade.problems:
+                writer.writerow([grade.student, assignment, "", "", "", problem, ""])
+    return path
+
+
+def autograde_summary(report: AutogradeReport) -> list[str]:
+    """Lines for the instructor: every cause of a lost point, every flag and problem.
 
     Args:
-        results: from :func:`autograde`.
+        report: from :func:`autograde`.
 
     Returns:
-        Human-readable lines (empty when every submission is clean).
+        Human-readable lines, one per student and exercise that needs a word.
     """
     lines = []
-    for result in results:
-        who = f"{result.student}:"
-        for grade_id in result.scan.edited_locked:
-            lines.append(f"{who} edited the locked cell {grade_id}; nbgrader graded the "
-                         "original instead")
-        for grade_id in result.scan.missing_locked:
-            lines.append(f"{who} deleted the locked cell {grade_id}; nbgrader added it back "
-                         "and graded it")
-        for finding in result.scan.findings:
-            lines.append(f"{who} {finding.describe()}")
-        for grade_id, old in result.zeroed.items():
-            lines.append(f"{who} {grade_id} set to 0 by the tamper scan (autograder gave "
-                         f"{old if old is not None else 'no score'})")
-        for grade_id in result.kept_manual:
-            lines.append(f"{who} {grade_id} is tainted but keeps your manual score")
+    for grade in report.students:
+        total = sum(e.points for e in grade.exercises)
+        lines.append(f"{grade.student}: {grade.score:g} / {total:g}")
+        for exercise in grade.exercises:
+            flags = grade.flags.get(exercise.key, [])
+            if flags:
+                lines.append(f"  {exercise.key}: FLAG, 0 points: {'; '.join(flags[:3])}")
+            elif exercise.score < exercise.points:
+                detail = "; ".join(c.detail for c in exercise.cells if c.detail)
+                lines.append(f"  {exercise.key}: {exercise.score:g} / {exercise.points:g}: "
+                             f"{_one_line(exercise.cause)}" + (f" [{detail}]" if detail else ""))
+        for flag in grade.flags.get("gradebook", []):
+            lines.append(f"  FLAG: {flag}")
+        for problem in grade.problems:
+            lines.append(f"  problem: {problem}")
+        for grade_id in grade.kept_manual:
+            lines.append(f"  {grade_id}: keeps your manual score")
+    if not report.isolated:
+        lines.append("note: this machine gives no private file view (user namespaces are off): "
+                     "the answers ran with the audit hook and limits only; see the guide")
     return lines
 
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
 
 def released_assignments(course_dir: str | os.PathLike) -> list[str]:
     """The assignments with at least one submission, in gradebook order.
@@ -299,21 +788,3 @@ def export_grades(course_dir: str | os.PathLike, assignments: list[str] | None =
         writer.writerows(rows)
     return course / to, path
 
-
-def quiet_log(log: str) -> list[str]:
-    """The lines of an nbgrader autograde log an instructor needs: no checksum noise.
-
-    Args:
-        log: nbgrader's output.
-
-    Returns:
-        Its warnings and errors, without the false "checksum has changed" warnings (real
-        check-cell edits are reported by the scan), kernel-transport and SQLAlchemy noise.
-    """
-    kept = []
-    for line in log.splitlines():
-        if _CHECKSUM_WARNING.search(line) or any(noise in line for noise in _NOISE):
-            continue
-        if "| WARNING]" in line or "| ERROR]" in line:
-            kept.append(line)
-    return kept

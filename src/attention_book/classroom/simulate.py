@@ -18,8 +18,7 @@ import io
 import re
 from dataclasses import dataclass
 
-from .format import BEGIN_SOLUTION, END_SOLUTION
-from .tamper import exercise_of
+from .format import BEGIN_SOLUTION, END_SOLUTION, exercise_of
 
 _CHECKER = re.compile(r"\b(check_\w+)\s*\(")
 
@@ -101,6 +100,35 @@ def code_exercises(instructor) -> list[CodeExercise]:
             sum(float(_meta(check).get("points", 0)) for check in check_cells),
             solution, functions, checkers))
     return exercises
+
+
+def blank_answers(instructor) -> dict[str, str]:
+    """Each code answer cell's grade id mapped to its student version (the stub).
+
+    The solution region becomes ``raise NotImplementedError()``, as nbgrader writes it.
+
+    Args:
+        instructor: the chapter notebook.
+
+    Returns:
+        ``{grade_id: source}``.
+    """
+    blanks = {}
+    for cell in instructor.cells:
+        meta = _meta(cell)
+        if cell.cell_type != "code" or not meta.get("solution"):
+            continue
+        lines, kept, inside = cell.source.splitlines(), [], False
+        for line in lines:
+            if BEGIN_SOLUTION in line:
+                inside = True
+                kept.append(line[: len(line) - len(line.lstrip())] + "raise NotImplementedError()")
+            elif END_SOLUTION in line:
+                inside = False
+            elif not inside:
+                kept.append(line)
+        blanks[meta["grade_id"]] = "\n".join(kept)
+    return blanks
 
 
 def written_answers(instructor) -> dict[str, str]:

@@ -1,0 +1,1014 @@
+"""Grade each exercise in a clean process: the answer cell alone, the hidden tests elsewhere.
+
+nbgrader grades by running the whole notebook in the student's own kernel, where anything
+the student wrote can reach the checks. The book grades each exercise instead with two
+fresh processes that share nothing but a socket (:mod:`.remote`):
+
+- the **answer process** receives only that exercise's answer cell(s), taken from the
+  notebook as source, plus the chapter's own imports and the chapter definitions the
+  answer names. It runs them inside the sandbox (:mod:`.sandbox`: a private read-only view
+  of the Python environment and the package without its checkers, no writes, no new
+  processes, memory and time limits) and then only answers calls;
+- the **grading process** (trusted) runs the check cell's ``assert check_…(answer)`` line and
+  its hidden tests, in which every answer name is a proxy: each call travels to the answer
+  process and comes back as a value. Nothing the student wrote runs in it, so a patch, an
+  input transformer or a rebound checker in any cell cannot touch a grade, and scratch work
+  costs nothing.
+
+An answer that calls a function the exercise forbids (the prompt cell's
+``metadata.exercise.forbidden``, dotted names), that imports the checkers, or that tries what
+the sandbox refuses (reading the course, writing files, starting processes) scores 0 on that
+exercise with the reason, and the grader records a flag.
+
+:func:`grade_submission` grades one notebook (the answer processes are forked from the
+grading process before it reads the hidden tests, one per exercise); ``python -m
+attention_book.classroom.clean`` is that grading process (it reads a job as JSON on stdin
+and writes the results as JSON on stdout).
+
+Not taught in a chapter: the instructor guide (``instructor_guide.md``) explains grading.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import sandbox
+from .format import BEGIN_HIDDEN, END_HIDDEN, prompt_match
+from .remote import Channel, ChannelClosed, ProtocolError
+
+__all__ = ["Answer", "CellResult", "Exercise", "ExerciseResult", "GradeCell", "Limits",
+           "chapter_setup", "grade_many", "grade_submission", "grade_submissions", "read_answers",
+           "read_exercises"]
+
+_GRADE_ID = re.compile(r"^(?P<key>ch\d+-ex\d+)-")
+_OUTPUT_LIMIT = 20_000  # characters of a checker's printed feedback that are kept
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits of one answer process.
+
+    Args:
+        seconds: wall-clock time for one exercise (definition, checks and hidden tests).
+        cpu_seconds: CPU time of the answer process.
+        memory_bytes: address space of the answer process.
+    """
+
+    seconds: float = 60.0
+    cpu_seconds: int = 120
+    memory_bytes: int = 4 * 2**30
+
+
+@dataclass(frozen=True)
+class GradeCell:
+    """One graded check cell: its visible checker lines and its hidden tests."""
+
+    grade_id: str
+    points: float
+    checks: str
+    hidden: str
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One autograded exercise of a chapter, read from the instructor notebook.
+
+    Args:
+        key: ``chNN-exK``.
+        title: the prompt's first line, e.g. ``Exercise 2.1 — Stable softmax (2 points)``.
+        answer_ids: grade ids of its answer cells.
+        names: the names its answer cells define (the instructor's version).
+        grade_cells: its graded check cells.
+        forbidden: dotted names the answer may not call (the prompt's metadata).
+    """
+
+    key: str
+    title: str
+    answer_ids: tuple[str, ...]
+    names: tuple[str, ...]
+    grade_cells: tuple[GradeCell, ...]
+    forbidden: tuple[str, ...] = ()
+
+
+@dataclass
+class Answer:
+    """A student's answer to one exercise: the answer cells' source, or why there is none."""
+
+    key: str
+    source: str | None = None
+    problem: str | None = None
+
+
+@dataclass
+class CellResult:
+    """The clean grade of one check cell.
+
+    Args:
+        grade_id: the check cell.
+        points: its points.
+        passed: the checker and the hidden tests passed.
+        output: what the checker printed (feedback for the student), shortened.
+        detail: what failed, for the instructor (may name a hidden test line).
+    """
+
+    grade_id: str
+    points: float
+    passed: bool = False
+    output: str = ""
+    detail: str = ""
+
+
+@dataclass
+class ExerciseResult:
+    """The clean grade of one exercise.
+
+    Args:
+        key: ``chNN-exK``.
+        title: the prompt's title.
+        cells: one result per check cell.
+        cause: why it scored 0, in a sentence for the student (empty when it passed).
+        flags: integrity findings (forbidden calls, the checkers imported, sandbox refusals).
+        notes: what else the student should know (a statement of the answer cell skipped).
+    """
+
+    key: str
+    title: str
+    cells: list[CellResult] = field(default_factory=list)
+    cause: str = ""
+    flags: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        """Points earned."""
+        return sum(cell.points for cell in self.cells if cell.passed)
+
+    @property
+    def points(self) -> float:
+        """Points possible."""
+        return sum(cell.points for cell in self.cells)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _source(cell) -> str:
+    source = cell.get("source", "") if isinstance(cell, dict) else getattr(cell, "source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def _meta(cell) -> dict:
+    metadata = cell.get("metadata") if isinstance(cell, dict) else getattr(cell, "metadata", {})
+    nbgrader = metadata.get("nbgrader") if isinstance(metadata, dict) else None
+    return nbgrader if isinstance(nbgrader, dict) else {}
+
+
+def _split_check(source: str) -> tuple[str, str]:
+    lines = source.splitlines()
+    begin = next((i for i, line in enumerate(lines) if BEGIN_HIDDEN in line), None)
+    end = next((i for i, line in enumerate(lines) if END_HIDDEN in line), None)
+    if begin is None or end is None or end < begin:
+        return source, ""
+    visible = "\n".join(lines[:begin] + lines[end + 1:])
+    hidden = textwrap.dedent("\n".join(lines[begin + 1:end]))
+    try:
+        tree = ast.parse(visible)
+    except SyntaxError:
+        return "", hidden
+    keep = [node for node in tree.body
+            if (isinstance(node, ast.ImportFrom) and node.module == "attention_book.exercises")
+            or (isinstance(node, ast.Assert) and isinstance(node.test, ast.Call)
+                and isinstance(node.test.func, ast.Name)
+                and node.test.func.id.startswith("check_"))]
+    return "\n".join(ast.unparse(node) for node in keep), hidden
+
+
+def _defined(source: str) -> tuple[str, ...]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ()
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return tuple(dict.fromkeys(names))
+
+
+def read_exercises(source_notebook) -> list[Exercise]:
+    """Every autograded exercise of an instructor notebook, in notebook order.
+
+    Args:
+        source_notebook: the chapter (a notebook dict or ``nbformat`` node).
+
+    Returns:
+        One :class:`Exercise` per exercise with at least one graded code cell.
+    """
+    import nbformat
+
+    if isinstance(source_notebook, dict) and not hasattr(source_notebook, "cells"):
+        source_notebook = nbformat.reads(json.dumps(source_notebook), as_version=4)
+    cells = source_notebook.cells
+    answers: dict[str, list[tuple[str, str]]] = {}
+    grades: dict[str, list[GradeCell]] = {}
+    prompts: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for cell in cells:
+        cell_type = cell.get("cell_type") if isinstance(cell, dict) else cell.cell_type
+        prompt = prompt_match(cell) if cell_type == "markdown" else None
+        if prompt:
+            key = f"ch{int(prompt['chapter']):02d}-ex{int(prompt['number'])}"
+            metadata = cell.get("metadata", {}) if isinstance(cell, dict) else cell.metadata
+            forbidden = tuple(str(name) for name in
+                              (metadata.get("exercise", {}) or {}).get("forbidden", []) or [])
+            title = _source(cell).splitlines()[0].lstrip("> ").replace("**", "").strip()
+            prompts[key] = (title, forbidden)
+        meta = _meta(cell)
+        grade_id = str(meta.get("grade_id", ""))
+        match = _GRADE_ID.match(grade_id)
+        if cell_type != "code" or not match:
+            continue
+        key = match["key"]
+        if meta.get("solution"):
+            answers.setdefault(key, []).append((grade_id, _source(cell)))
+        elif meta.get("grade"):
+            checks, hidden = _split_check(_source(cell))
+            grades.setdefault(key, []).append(
+                GradeCell(grade_id, float(meta.get("points", 0) or 0), checks, hidden))
+    exercises = []
+    for key, cells_ in grades.items():
+        title, forbidden = prompts.get(key, (key, ()))
+        names = tuple(dict.fromkeys(
+            name for _, source in answers.get(key, []) for name in _defined(source)))
+        exercises.append(Exercise(key, title, tuple(g for g, _ in answers.get(key, [])), names,
+                                  tuple(cells_), forbidden))
+    return exercises
+
+
+def chapter_setup(source_notebook) -> tuple[str, dict[str, str]]:
+    """The chapter's imports, and its top-level definitions by name.
+
+    Only cells without nbgrader metadata count. A definition is a ``def``, a ``class``, or
+    an assignment whose value calls nothing (a constant): what an answer may build on.
+
+    Args:
+        source_notebook: the instructor notebook.
+
+    Returns:
+        ``(imports, definitions)``: the import statements as source, one per line, and
+        ``{name: source}`` for every definition.
+    """
+    cells = source_notebook["cells"] if isinstance(source_notebook, dict) \
+        else source_notebook.cells
+    imports: list[str] = []
+    definitions: dict[str, str] = {}
+    for cell in cells:
+        cell_type = cell.get("cell_type") if isinstance(cell, dict) else cell.cell_type
+        if cell_type != "code" or _meta(cell):
+            continue
+        try:
+            tree = ast.parse(_transform(_source(cell)))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imports.append(ast.unparse(node))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                definitions[node.name] = ast.unparse(node)
+            elif isinstance(node, ast.Assign) and not any(
+                    isinstance(n, ast.Call) for n in ast.walk(node.value)):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        definitions[target.id] = ast.unparse(node)
+    return "\n".join(dict.fromkeys(imports)), definitions
+
+
+def _free_names(source: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    loaded, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (bound if isinstance(node.ctx, (ast.Store, ast.Del)) else loaded).add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+    return loaded - bound - set(dir(builtins))
+
+
+def preamble_for(answer: str, imports: str, definitions: dict[str, str]) -> str:
+    """The chapter code an answer gets: the imports, and the definitions it names.
+
+    Args:
+        answer: the answer's source.
+        imports: the chapter's imports (:func:`chapter_setup`).
+        definitions: the chapter's definitions (:func:`chapter_setup`).
+
+    Returns:
+        Python source: the imports, then every definition the answer uses, directly or
+        through another definition, in chapter order.
+    """
+    wanted: list[str] = []
+    todo = list(_free_names(answer))
+    while todo:
+        name = todo.pop()
+        if name in definitions and name not in wanted:
+            wanted.append(name)
+            todo += list(_free_names(definitions[name]))
+    order = [name for name in definitions if name in wanted]
+    return "\n".join([imports, *(definitions[name] for name in order)])
+
+
+def _transform(source: str) -> str:
+    """IPython's syntax (magics, ``!`` lines, ``?``) turned into plain Python."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:  # pragma: no cover - IPython comes with Jupyter
+        return source
+    try:
+        return TransformerManager().transform_cell(source)
+    except Exception:  # noqa: BLE001 - leave it for the parser to report
+        return source
+
+
+def read_answers(submission, exercises: list[Exercise]) -> dict[str, Answer]:
+    """Each exercise's answer in a submitted notebook, found by its grade id.
+
+    A notebook that cannot be read, an answer cell that is missing, not code, or that
+    appears twice (a duplicated grade id) gives an :class:`Answer` with a ``problem``.
+
+    Args:
+        submission: a path to the notebook, or the notebook as a dict.
+        exercises: from :func:`read_exercises` (the instructor's version).
+
+    Returns:
+        ``{exercise key: Answer}``.
+    """
+    if not isinstance(submission, dict):
+        try:
+            submission = json.loads(Path(submission).read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError) as error:
+            reason = f"the notebook could not be read ({type(error).__name__})"
+            return {e.key: Answer(e.key, problem=reason) for e in exercises}
+    cells = submission.get("cells") if isinstance(submission, dict) else None
+    if not isinstance(cells, list):
+        return {e.key: Answer(e.key, problem="the notebook has no cells") for e in exercises}
+    found: dict[str, list[dict]] = {}
+    for cell in cells:
+        if isinstance(cell, dict):
+            found.setdefault(str(_meta(cell).get("grade_id", "")), []).append(cell)
+    answers = {}
+    for exercise in exercises:
+        parts, problem = [], None
+        for grade_id in exercise.answer_ids:
+            matches = found.get(grade_id, [])
+            if not matches:
+                problem = (f"its answer cell ({grade_id}) is missing: the cell or its "
+                           "nbgrader metadata was deleted")
+            elif len(matches) > 1:
+                problem = (f"{len(matches)} cells carry the answer cell's id {grade_id}; "
+                           "keep one answer cell per exercise")
+            elif matches[0].get("cell_type") != "code":
+                problem = f"the answer cell {grade_id} is not a code cell"
+            else:
+                parts.append(_transform(_source(matches[0])))
+        if not exercise.answer_ids:
+            problem = "the exercise has no answer cell in the instructor's version"
+        answers[exercise.key] = Answer(exercise.key, None if problem else "\n\n".join(parts),
+                                       problem)
+    return answers
+
+
+# --------------------------------------------------------------------------- the answer process
+
+
+class _Forbidden(Exception):
+    """A forbidden function was called from the answer."""
+
+
+def _resolve(dotted: str):
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except Exception:  # noqa: BLE001 - not a module: try a shorter prefix
+            continue
+        try:
+            for part in parts[cut:]:
+                value = getattr(value, part)
+        except AttributeError:
+            return None
+        return value
+    return None
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        names.append(node.id)
+        return names[::-1]
+    return None
+
+
+def _static_findings(answer: str, namespace: dict, forbidden: dict[int, str],
+                     blocked: tuple[str, ...]) -> list[str]:
+    """Forbidden names an answer's source reaches, and imports of the grader's modules."""
+    try:
+        tree = ast.parse(answer)
+    except SyntaxError:
+        return []
+    findings: list[str] = []
+    method_names = {name.rsplit(".", 1)[-1]: name for name in forbidden.values()
+                    if name.split(".")[-2:-1] == ["Tensor"]}
+    local_modules: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                local_modules[alias.asname or alias.name.split(".")[0]] = \
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                if alias.name.startswith(blocked):
+                    findings.append(f"imports {alias.name}, which a graded answer may not use")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.startswith(blocked):
+                findings.append(f"imports from {node.module}, which a graded answer may not use")
+            for alias in node.names:
+                value = _resolve(f"{node.module}.{alias.name}")
+                if value is not None and id(value) in forbidden:
+                    findings.append(f"imports {forbidden[id(value)]}")
+        elif isinstance(node, ast.Attribute):
+            chain = _chain(node)
+            if chain:
+                root = local_modules.get(chain[0])
+                value = None
+                if root is not None:
+                    value = _resolve(".".join([root, *chain[1:]]))
+                elif chain[0] in namespace:
+                    value = namespace[chain[0]]
+                    for part in chain[1:]:
+                        value = getattr(value, part, None)
+                if value is not None and id(value) in forbidden:
+                    findings.append(f"uses {forbidden[id(value)]}")
+                    continue
+            if (node.attr in method_names and isinstance(node.ctx, ast.Load)
+                    and not (chain and len(chain) == 2 and chain[0] in local_modules)):
+                findings.append(f"uses .{node.attr}(), that is {method_names[node.attr]}")
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            value = namespace.get(node.id)
+            if value is not None and id(value) in forbidden:
+                findings.append(f"uses {forbidden[id(value)]}")
+    return list(dict.fromkeys(findings))
+
+
+def _install_tripwires(forbidden: dict[int, tuple[str, object]], namespace: dict,
+                       filename: str, notify) -> None:
+    """Replace every reference to a forbidden object by one that refuses answer frames."""
+    def wrap(dotted: str, original):
+        def tripwire(*args, **kwargs):
+            frame = sys._getframe(1)
+            if frame.f_code.co_filename == filename:
+                notify(f"calls {dotted}, which this exercise asks you not to use")
+                raise _Forbidden(f"{dotted} is not allowed in this exercise")
+            return original(*args, **kwargs)
+
+        tripwire.__name__ = getattr(original, "__name__", "forbidden")
+        return tripwire
+
+    wrappers = {key: wrap(name, original) for key, (name, original) in forbidden.items()}
+    owners = [module.__dict__ for module in list(sys.modules.values())
+              if getattr(module, "__dict__", None) is not None]
+    import torch
+
+    owners.append(namespace)
+    for owner in owners:
+        for attribute, value in list(owner.items()):
+            if id(value) in wrappers:
+                try:
+                    owner[attribute] = wrappers[id(value)]
+                except TypeError:
+                    pass
+    for key, (name, _) in forbidden.items():
+        if name.split(".")[-2:-1] == ["Tensor"]:
+            try:
+                setattr(torch.Tensor, name.rsplit(".", 1)[-1], wrappers[key])
+            except (AttributeError, TypeError):
+                pass
+
+
+def _run_statements(source: str, filename: str, namespace: dict, notes: list[str],
+                    skip_expressions: bool) -> None:
+    import linecache
+
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    try:
+        tree = ast.parse(source, filename)
+    except SyntaxError as error:
+        notes.append(f"is not valid Python (line {error.lineno}: {error.msg})")
+        return
+    for node in tree.body:
+        if skip_expressions and isinstance(node, ast.Expr) and not isinstance(
+                node.value, ast.Constant):
+            continue
+        module = ast.Module(body=[node], type_ignores=[])
+        try:
+            exec(compile(module, filename, "exec"), namespace)  # noqa: S102 - sandboxed
+        except BaseException as error:  # noqa: BLE001 - report it and go on
+            if skip_expressions:
+                notes.append(f"line {node.lineno} raised {type(error).__name__}: "
+                             f"{str(error)[:200]} (skipped)")
+
+
+def _answer_process(sock: socket.socket, limits: Limits, jail_root: str | None,
+                    use_jail: bool) -> None:
+    """The body of an answer process (never returns)."""
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    keep = sock.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 65536)
+    import torch
+
+    torch.set_num_threads(1)
+    roots = [*sandbox.python_roots(), sandbox.package_root()]
+    hidden = [os.path.join(sandbox.package_root(), "attention_book", name)
+              for name in ("exercises", "classroom")]
+    sandbox.block_imports(sandbox.GRADER_MODULES)
+    jailed = False
+    if use_jail:
+        try:
+            sandbox.enter_jail(jail_root, [*roots, *sandbox.SYSTEM_LIBRARIES], hidden=hidden)
+            jailed = True
+        except (sandbox.SandboxError, OSError):
+            jailed = False
+    if not jailed and jail_root:
+        os.chdir(jail_root)  # an empty folder: nothing shipped beside the notebook is importable
+    sandbox.limit_resources(memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds,
+                            file_bytes=0, open_files=256)
+    sandbox.neuter_native_file_access()
+    state: dict = {"namespace": None}
+    channel = Channel(sock, trusted=False)
+
+    def notify(text: str) -> None:
+        channel.notify({"kind": "forbidden", "text": text})
+
+    def report(event: str, detail: str) -> None:
+        channel.notify({"kind": "sandbox", "event": event, "detail": detail[:300]})
+
+    def define(message: dict) -> dict:
+        namespace: dict = {"__name__": "__answer__", "__builtins__": builtins}
+        notes: list[str] = []
+        _run_statements(str(message.get("preamble", "")), "<chapter setup>", namespace, [],
+                        skip_expressions=False)
+        forbidden = {}
+        for name in message.get("forbidden", []):
+            value = _resolve(str(name))
+            if value is not None:
+                forbidden[id(value)] = (str(name), value)
+        answer = str(message.get("answer", ""))
+        filename = str(message.get("filename", "<answer>"))
+        findings = _static_findings(answer, namespace,
+                                    {key: name for key, (name, _) in forbidden.items()},
+                                    ("attention_book.exercises", "attention_book.classroom"))
+        _install_tripwires(forbidden, namespace, filename, notify)
+        _run_statements(answer, filename, namespace, notes, skip_expressions=True)
+        state["namespace"] = namespace
+        return {"defined": [name for name in message.get("names", []) if name in namespace],
+                "notes": notes, "static": findings, "jailed": jailed}
+
+    def get(message: dict):
+        namespace = state["namespace"] or {}
+        name = str(message.get("name"))
+        if name not in namespace:
+            raise NameError(f"name {name!r} is not defined")
+        return namespace[name]
+
+    channel.handlers.update({"define": define, "get": get})
+    sandbox.install_audit_hook(readable=[*roots, *sandbox.SYSTEM_LIBRARIES], allow_processes=False,
+                               blocked_modules=sandbox.GRADER_MODULES, report=report)
+    try:
+        channel.serve()
+    finally:
+        os._exit(0)
+
+
+# --------------------------------------------------------------------------- the grading process
+
+
+class _Capped(io.StringIO):
+    def write(self, text):  # keep the beginning of a long output
+        room = _OUTPUT_LIMIT - self.tell()
+        if room > 0:
+            super().write(text[:room])
+        return len(text)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit].rstrip() + " …"
+
+
+def _short(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text[:500]
+
+
+def _hidden_line(error: BaseException, filename: str) -> str:
+    import traceback
+
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        if frame.filename == filename:
+            return f"line {frame.lineno}: {(frame.line or '').strip()}"
+    return ""
+
+
+def _run(code: str, filename: str, proxies: dict) -> tuple[bool, str, BaseException | None]:
+    import linecache
+
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    namespace = {"__name__": "__grading__", "__builtins__": builtins, **proxies}
+    output = _Capped()
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(io.StringIO()):
+            exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the instructor's
+    except BaseException as error:  # noqa: BLE001 - every failure is a result
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        return False, output.getvalue(), error
+    return True, output.getvalue(), None
+
+
+class _Worker:
+    def __init__(self, pid: int, sock: socket.socket, root: str | None):
+        self.pid, self.sock, self.root = pid, sock, root
+
+    def stop(self) -> None:
+        for action in (lambda: os.kill(self.pid, signal.SIGKILL), self.sock.close):
+            try:
+                action()
+            except OSError:
+                pass
+        if self.root:
+            try:
+                os.rmdir(self.root)
+            except OSError:
+                pass
+
+
+class _Zygote:
+    """A process forked before the hidden tests are read; it forks each answer process.
+
+    Every answer process is a fresh fork of it, so none can see the hidden tests, another
+    student's answer or anything the grading process learnt after the zygote was made.
+    """
+
+    def __init__(self, limits: Limits, use_jail: bool):
+        self.control, child = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the zygote
+            try:
+                self.control.close()
+                _zygote(child, limits, use_jail)
+            finally:
+                os._exit(0)
+        child.close()
+        self.pid = pid
+
+    def spawn(self) -> _Worker:
+        parent, child = socket.socketpair()
+        root = tempfile.mkdtemp(prefix="abk-answer-")
+        socket.send_fds(self.control, [root.encode()], [child.fileno()])
+        child.close()
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = self.control.recv(32)
+            if not chunk:
+                raise ChannelClosed("the zygote ended")
+            reply += chunk
+        return _Worker(int(reply), parent, root)
+
+    def stop(self) -> None:
+        self.control.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (OSError, ChildProcessError):
+            pass
+
+
+def _zygote(control: socket.socket, limits: Limits, use_jail: bool) -> None:  # pragma: no cover
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children are reaped by the kernel
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 4096, 1)
+        if not message or not fds:
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            _answer_process(socket.socket(fileno=fds[0]), limits, message.decode(), use_jail)
+        os.close(fds[0])
+        control.sendall(f"{pid}\n".encode())
+
+
+def _grade_exercise(exercise: Exercise, answer: Answer, preamble: str,
+                    worker: _Worker | None, limits: Limits) -> ExerciseResult:
+    result = ExerciseResult(exercise.key, exercise.title,
+                            [CellResult(cell.grade_id, cell.points) for cell in exercise.grade_cells])
+    if answer.problem or answer.source is None:
+        result.cause = f"This exercise was not graded: {answer.problem}."
+        return result
+    channel = Channel(worker.sock, trusted=True, deadline=time.monotonic() + limits.seconds)
+    filename = f"<answer {exercise.key}>"
+    try:
+        report = channel.request("define", preamble=preamble, answer=answer.source,
+                                 filename=filename, names=list(exercise.names),
+                                 forbidden=list(exercise.forbidden))
+        result.notes += [f"your answer cell {note}" for note in report.get("notes", [])][:10]
+        result.flags += [f"your answer {text}" for text in report.get("static", [])]
+        missing = [name for name in exercise.names if name not in report.get("defined", [])]
+        if missing:
+            result.cause = (f"Your answer cell does not define {', '.join(missing)} when it runs "
+                            "on its own (with only the chapter's imports and definitions): "
+                            "put every helper it needs in the answer cell itself.")
+        proxies = {name: channel.request("get", name=name)
+                   for name in exercise.names if name not in missing}
+        for cell, cell_result in zip(exercise.grade_cells, result.cells, strict=True):
+            if missing:
+                break
+            ok, output, error = _run(cell.checks, f"<check {cell.grade_id}>", proxies)
+            cell_result.output = output
+            if channel.broken is not None:
+                break
+            if not ok:
+                cell_result.detail = f"the visible check failed ({_short(error)})"
+                continue
+            ok, _, error = _run(cell.hidden, f"<hidden tests {cell.grade_id}>", proxies)
+            if channel.broken is not None:
+                break
+            if not ok:
+                where = _hidden_line(error, f"<hidden tests {cell.grade_id}>")
+                cell_result.detail = f"a hidden test failed ({_short(error)}; {where})"
+                continue
+            cell_result.passed = True
+    except (ChannelClosed, TimeoutError, ProtocolError):
+        pass
+    except Exception as error:  # noqa: BLE001 - an answer that will not load
+        result.cause = f"Your answer could not be loaded: {_short(error)}."
+    ended = channel.broken
+    for notice in channel.notices:
+        if notice.get("kind") == "forbidden":
+            result.flags.append(f"your answer {str(notice.get('text', ''))[:300]}")
+        elif notice.get("kind") == "sandbox":
+            result.flags.append(
+                f"your answer tried {notice.get('event', '')} {notice.get('detail', '')}".strip()
+                + ", which graded code may not do")
+    result.flags = list(dict.fromkeys(result.flags))
+    if ended is not None:
+        for cell_result in result.cells:
+            cell_result.passed = False
+        if isinstance(ended, TimeoutError):
+            result.cause = (f"Grading this exercise took longer than {limits.seconds:g} s: "
+                            "look for an endless loop or a very slow step.")
+        else:
+            result.cause = ("Your answer ended the process that graded it (for example "
+                            "os._exit, a crash, or more memory than the limit).")
+    if result.flags:
+        for cell_result in result.cells:
+            cell_result.passed = False
+        result.cause = "Not counted: " + "; ".join(result.flags[:3]) + "."
+    if not result.cause and not all(cell.passed for cell in result.cells):
+        failed = [cell for cell in result.cells if not cell.passed]
+        message = next((cell.output.strip() for cell in failed
+                        if cell.detail.startswith("the visible") and cell.output.strip()), "")
+        if message:
+            result.cause = ("When your answer cell runs on its own, its check says: "
+                            + _clip(message, 800))
+        elif any(cell.detail.startswith("a hidden test") for cell in failed):
+            result.cause = ("Your answer passes the visible check but not the hidden tests, "
+                            "which try it on other inputs.")
+        else:
+            result.cause = "The check of this exercise did not pass."
+    return result
+
+
+def _preload(imports: str) -> None:
+    """Import what answers use before the zygote is forked (each answer then starts warm)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+    import torch  # noqa: F401
+
+    import attention_book  # noqa: F401
+
+    for line in imports.splitlines():
+        try:
+            exec(line, {})  # noqa: S102 - the chapter's own import lines
+        except Exception:  # noqa: BLE001 - an import this machine cannot do
+            pass
+
+
+def _runner(argv: list[str]) -> int:
+    """The grading process: ``--imports-file F --limits JSON`` then the job on stdin."""
+    imports = Path(argv[argv.index("--imports-file") + 1]).read_text(encoding="utf-8")
+    use_jail = "--no-jail" not in argv
+    limits = Limits(**json.loads(argv[argv.index("--limits") + 1]))
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    try:  # nobody may read this process's memory (it will hold the hidden tests)
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
+    _preload(imports)
+    if use_jail:
+        use_jail = sandbox.jail_available()
+    zygote = _Zygote(limits, use_jail)
+    job = json.loads(sys.stdin.read())
+    from .. import exercises as _checkers  # noqa: F401 - loaded after the zygote
+
+    graded: dict[str, list[dict]] = {}
+    try:
+        for student in job["students"]:
+            results = []
+            for item in student["exercises"]:
+                exercise = Exercise(item["key"], item["title"], tuple(item["answer_ids"]),
+                                    tuple(item["names"]),
+                                    tuple(GradeCell(**cell) for cell in item["grade_cells"]),
+                                    tuple(item["forbidden"]))
+                answer = Answer(**item["answer"])
+                if answer.problem or answer.source is None:
+                    results.append(_grade_exercise(exercise, answer, "", None, limits))
+                    continue
+                worker = zygote.spawn()
+                try:
+                    results.append(_grade_exercise(exercise, answer, item["preamble"], worker,
+                                                   limits))
+                finally:
+                    worker.stop()
+            graded[student["student"]] = [asdict(result) for result in results]
+    finally:
+        zygote.stop()
+    out.write(json.dumps({"jailed": use_jail, "students": graded}))
+    out.flush()
+    return 0
+
+
+def _results(items: list[dict]) -> list[ExerciseResult]:
+    results = []
+    for item in items:
+        item = dict(item)
+        cells = [CellResult(**cell) for cell in item.pop("cells")]
+        results.append(ExerciseResult(**item, cells=cells))
+    return results
+
+
+def grade_submissions(source_notebook, submissions: dict[str, object], *,
+                      limits: Limits | None = None, use_jail: bool = True,
+                      timeout: float | None = None) -> tuple[dict[str, list[ExerciseResult]],
+                                                             bool]:
+    """Grade submitted notebooks, exercise by exercise, in clean processes.
+
+    One grading process serves them all; every exercise of every student gets a fresh
+    answer process, forked from a zygote made before the hidden tests were read.
+
+    Args:
+        source_notebook: the instructor notebook (dict or ``nbformat`` node, or a path).
+        submissions: each student id mapped to their notebook (a path, or a dict).
+        limits: the limits of each answer process.
+        use_jail: use the private file view where the machine allows it.
+        timeout: seconds for everything (default: enough for every exercise).
+
+    Returns:
+        ``(results, jailed)``: each student's list of :class:`ExerciseResult`, and whether the
+        answers ran in the private file view.
+
+    Raises:
+        RuntimeError: the grading process itself failed (never because of an answer).
+    """
+    (results,), jailed = grade_many([(source_notebook, submissions)], limits=limits,
+                                    use_jail=use_jail, timeout=timeout)
+    return results, jailed
+
+
+def grade_many(requests: list[tuple[object, dict[str, object]]], *,
+               limits: Limits | None = None, use_jail: bool = True,
+               timeout: float | None = None) -> tuple[list[dict[str, list[ExerciseResult]]],
+                                                      bool]:
+    """Grade the submissions of several chapters with one grading process.
+
+    Args:
+        requests: ``(instructor notebook, {student: submission})`` pairs.
+        limits: the limits of each answer process.
+        use_jail: use the private file view where the machine allows it.
+        timeout: seconds for everything.
+
+    Returns:
+        ``(results, jailed)``: one ``{student: [ExerciseResult]}`` per request, in order.
+
+    Raises:
+        RuntimeError: the grading process itself failed (never because of an answer).
+    """
+    limits = limits or Limits()
+    job: dict = {"students": []}
+    all_imports: list[str] = []
+    for index, (source_notebook, submissions) in enumerate(requests):
+        if not isinstance(source_notebook, dict) and not hasattr(source_notebook, "cells"):
+            source_notebook = json.loads(Path(source_notebook).read_text(encoding="utf-8"))
+        exercises = read_exercises(source_notebook)
+        imports, definitions = chapter_setup(source_notebook)
+        all_imports += imports.splitlines()
+        for student, submission in submissions.items():
+            answers = read_answers(submission, exercises)
+            items = []
+            for exercise in exercises:
+                answer = answers[exercise.key]
+                items.append({**asdict(exercise), "answer": asdict(answer),
+                              "preamble": preamble_for(answer.source or "", imports,
+                                                       definitions)})
+            job["students"].append({"student": f"{index}\t{student}", "exercises": items})
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False, encoding="utf-8") as handle:
+        handle.write("\n".join(dict.fromkeys(all_imports)))
+        imports_file = handle.name
+    command = [sys.executable, "-I", "-m", "attention_book.classroom.clean", "--imports-file",
+               imports_file, "--limits", json.dumps(asdict(limits))]
+    if not use_jail:
+        command.append("--no-jail")
+    env = {key: value for key, value in os.environ.items()
+           if key.startswith(("OMP_", "MKL_", "ATEN_", "KMP_", "ONEDNN_", "OPENBLAS_", "LANG",
+                              "LC_", "PATH", "HOME", "TMPDIR", "BOOK_"))}
+    env.update({"PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1"})
+    count = sum(len(s["exercises"]) for s in job["students"])
+    budget = timeout if timeout is not None else 60 + count * (limits.seconds + 5)
+    try:
+        process = subprocess.run(command, input=json.dumps(job), capture_output=True, text=True,
+                                 timeout=budget, env=env, check=False)
+    except subprocess.TimeoutExpired as error:
+        raise RuntimeError(f"the grading process took longer than {budget:g} s") from error
+    finally:
+        os.unlink(imports_file)
+    if process.returncode != 0 or not process.stdout.strip():
+        tail = (process.stderr or "").strip().splitlines()[-3:]
+        raise RuntimeError(f"the grading process failed (exit {process.returncode}): "
+                           + " | ".join(tail))
+    data = json.loads(process.stdout)
+    results: list[dict[str, list[ExerciseResult]]] = [{} for _ in requests]
+    for key, items in data["students"].items():
+        index, student = key.split("\t", 1)
+        results[int(index)][student] = _results(items)
+    return results, bool(data.get("jailed"))
+
+
+def grade_submission(source_notebook, submission, *, limits: Limits | None = None,
+                     use_jail: bool = True, timeout: float | None = None) -> tuple[
+                         list[ExerciseResult], bool]:
+    """Grade one submitted notebook (see :func:`grade_submissions`).
+
+    Args:
+        source_notebook: the instructor notebook.
+        submission: the student's notebook (a path, or a dict).
+        limits: the limits of each answer process.
+        use_jail: use the private file view where the machine allows it.
+        timeout: seconds for everything.
+
+    Returns:
+        ``(results, jailed)``.
+    """
+    results, jailed = grade_submissions(source_notebook, {"student": submission},
+                                        limits=limits, use_jail=use_jail, timeout=timeout)
+    return results["student"], jailed
+
+
+if __name__ == "__main__":
+    sys.exit(_runner(sys.argv[1:]))

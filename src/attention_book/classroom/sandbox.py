@@ -1,0 +1,607 @@
+"""The sandbox in which a student's code runs while it is graded.
+
+Two processes run student code during ``autograde``: the process that holds one answer
+while its hidden tests call it (:mod:`.clean`), and the Jupyter kernel in which nbgrader
+re-runs the whole notebook for the student's feedback. Both enter this sandbox before any
+student code runs, in layers:
+
+1. **A private view of the file system** (:func:`enter_jail`), where the kernel allows it
+   (Linux user and mount namespaces, available to ordinary accounts on most distributions):
+   the process gets a new, empty root in which only the Python installation, the virtual
+   environment and the book's package are visible, read-only, at their usual paths (the
+   checkers and the grader hidden in the answer's sandbox), plus, for a kernel, its own
+   notebook folder (read-only) and a small private ``/tmp``. The course folder (``source/``,
+   ``gradebook.db``, other students' work), the repository and every home folder simply do
+   not exist there, and nothing outside can be written. Capabilities are dropped afterwards,
+   so the view cannot be undone.
+2. **Resource limits** (:func:`limit_resources`): memory, CPU time, open files, and for an
+   answer no file writes at all (``RLIMIT_FSIZE`` 0).
+3. **An audit hook** (:func:`install_audit_hook`, PEP 578), which cannot be removed once
+   installed: file opens outside the readable roots, any write outside the private scratch
+   folder, new processes (for an answer), sockets, ``ctypes``, ``sqlite3``, changes of
+   limits, and imports of the checkers or the grader raise :class:`PermissionError` with a
+   sentence a student can read. Functions that read or map files below Python's view
+   (``torch.from_file``, ``numpy.fromfile``, loading native libraries) are replaced by ones
+   that refuse (:func:`neuter_native_file_access`).
+
+Where namespaces are not available, layers 2 and 3 still hold (:func:`jail_available`
+says which); the instructor guide says what that leaves open.
+
+``python -m attention_book.classroom.sandbox kernel -f CONNECTION_FILE`` is the sandboxed
+Jupyter kernel that the book's course configuration gives nbgrader.
+
+Not taught in a chapter: the instructor guide (``instructor_guide.md``) explains grading.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import resource
+import signal
+import sys
+import sysconfig
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+__all__ = ["SandboxError", "enter_jail", "install_audit_hook", "jail_available",
+           "limit_resources", "neuter_native_file_access", "python_roots", "package_root"]
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV = 1, 2, 4
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE = 38, 4
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
+#: The system's shared libraries and what the loader reads: no secrets, needed by NumPy/torch.
+SYSTEM_LIBRARIES = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/etc/ld.so.cache",
+                    "/usr/share/zoneinfo", "/etc/localtime", "/proc/cpuinfo",
+                    "/sys/devices/system/cpu")
+
+#: Module prefixes an answer may not import while it is graded.
+GRADER_MODULES = ("attention_book.exercises", "attention_book.classroom", "nbgrader",
+                  "nbformat", "sqlite3", "_sqlite3")
+
+_PROCESS_EVENTS = frozenset({
+    "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+    "os.forkpty", "pty.spawn", "os.startfile", "os.kill", "os.killpg", "signal.pthread_kill"})
+_PATH_EVENTS = frozenset({  # every path argument must be writable
+    "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
+    "os.utime", "os.chflags", "os.lchflags", "os.lchmod", "os.setxattr", "os.removexattr",
+    "shutil.rmtree", "shutil.move", "shutil.chown", "os.mkfifo", "os.mknod"})
+_COPY_EVENTS = frozenset({  # the first path is read, the second written
+    "shutil.copyfile", "shutil.copymode", "shutil.copystat", "shutil.copytree", "os.link",
+    "os.symlink"})
+_ALWAYS_DENIED = frozenset({
+    "dbm.open", "resource.setrlimit",
+    "resource.prlimit", "mmap.__new__", "os.chroot", "os.chdir", "os.fchdir", "socket.bind",
+    "socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "socket.sendto",
+    "socket.sendmsg", "urllib.Request", "http.client.connect", "ftplib.connect",
+    "smtplib.connect", "telnetlib.Telnet.open", "webbrowser.open", "syslog.openlog",
+    "os.setuid", "os.setgid", "_posixsubprocess.fork_exec", "msvcrt.open_osfhandle",
+    "winreg.OpenKey", "sys.remote_exec"})
+#: What any process may read of /proc beyond its own entry: process lists (psutil, at a
+#: kernel's shutdown), never another process's memory or environment.
+_PROC_INFO = re.compile(r"/proc/(cpuinfo|meminfo|stat|uptime|loadavg|\d+/(stat|status|cmdline))")
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up as asked."""
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def python_roots() -> list[str]:
+    """The folders a Python process of this environment reads: its installation and venv.
+
+    Returns:
+        Absolute, resolved paths (each once).
+    """
+    roots = [sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix]
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.append(path)
+    roots.append(str(Path(sys.executable).resolve().parent))
+    return _unique(roots)
+
+
+def package_root() -> str:
+    """The folder that holds the ``attention_book`` package (``src/`` or ``site-packages``).
+
+    Found without importing the package (an import starts threads, and a process must be
+    single-threaded to enter the jail).
+    """
+    import importlib.util
+
+    module = sys.modules.get("attention_book")
+    origin = getattr(module, "__file__", None) if module is not None else None
+    if origin is None:
+        spec = importlib.util.find_spec("attention_book")
+        origin = spec.origin if spec is not None else None
+    if origin is None:
+        raise SandboxError("the attention_book package is not installed here")
+    return str(Path(origin).resolve().parent.parent)
+
+
+def _unique(paths: Iterable[str]) -> list[str]:
+    seen: list[str] = []
+    for path in paths:
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        if os.path.exists(real) and real not in seen:
+            seen.append(real)
+    return seen
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+# --------------------------------------------------------------------------- the jail
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        number = ctypes.get_errno()
+        raise SandboxError(f"{what}: {os.strerror(number)} (errno {number})")
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def jail_available() -> bool:
+    """Whether this machine lets an ordinary process create user and mount namespaces.
+
+    Returns:
+        True when :func:`enter_jail` can work here (checked in a throwaway child process).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            _check(_libc().unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare")
+            os._exit(0)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def _bind(libc, source: str, target: str, *, writable: bool = False) -> None:
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.exists(target):
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+    _check(libc.mount(source.encode(), target.encode(), None, _MS_BIND | _MS_REC, None),
+           f"bind {source}")
+    flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID
+    if not source.startswith("/dev/"):
+        flags |= _MS_NODEV
+    if not writable:
+        flags |= _MS_RDONLY
+    _check(libc.mount(None, target.encode(), None, flags, None), f"remount {source}")
+
+
+def _drop_capabilities(libc) -> None:
+    """No capabilities left in the jail's namespace (so its mounts cannot be undone)."""
+    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    header = Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (Data * 2)()
+    number = 126 if os.uname().machine in ("x86_64", "amd64") else 91  # capset
+    _check(libc.syscall(number, ctypes.byref(header), ctypes.byref(data)), "capset")
+    for cap in range(64):  # and nothing to regain: empty the bounding set (best effort)
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+
+
+def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iterable[str] = (),
+               scratch: str | None = None, scratch_megabytes: int = 64,
+               cwd: str = "/") -> None:
+    """Move this (single-threaded) process into a private, read-only view of the files.
+
+    Args:
+        root: an empty folder that becomes the new root (a tmpfs is mounted on it).
+        readable: files and folders to show at their usual paths, read-only.
+        hidden: folders inside ``readable`` to cover with an empty folder.
+        scratch: if given, a private writable tmpfs at this path (e.g. ``/tmp``).
+        scratch_megabytes: the size of that tmpfs.
+        cwd: the working folder inside the jail.
+
+    Raises:
+        SandboxError: the kernel refused a step (no user namespaces, a threaded process).
+    """
+    libc = _libc()
+    uid, gid = os.geteuid(), os.getegid()
+    _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare(user, mount)")
+    try:
+        _write("/proc/self/setgroups", "deny")
+    except OSError:
+        pass
+    _write("/proc/self/uid_map", f"0 {uid} 1")
+    _write("/proc/self/gid_map", f"0 {gid} 1")
+    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
+    root = os.path.realpath(root)
+    _check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                      b"size=8m,mode=0755"), "tmpfs root")
+    if scratch:  # first, so that folders bound below it stay visible
+        target = root + scratch
+        os.makedirs(target, exist_ok=True)
+        _check(libc.mount(b"tmpfs", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                          f"size={int(scratch_megabytes)}m,mode=1777".encode()), "scratch")
+    for path in [*readable, *_DEVICES]:
+        real = os.path.realpath(path)
+        if os.path.exists(real):
+            _bind(libc, real, root + real)
+    for path in hidden:
+        target = root + os.path.realpath(path)
+        if os.path.isdir(target):
+            _check(libc.mount(b"tmpfs", target.encode(), b"tmpfs",
+                              _MS_NOSUID | _MS_NODEV | _MS_RDONLY, b"size=4k,mode=0555"),
+                   f"hide {path}")
+    os.chdir(root)
+    os.chroot(root)
+    os.chdir("/")
+    _check(libc.mount(None, b"/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
+                      b"size=8m,mode=0755"), "read-only root")
+    os.chdir(cwd)
+    _drop_capabilities(libc)
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def limit_resources(*, memory_bytes: int | None = None, cpu_seconds: int | None = None,
+                    file_bytes: int | None = None, open_files: int | None = None) -> None:
+    """Lower this process's limits (they cannot be raised again without privileges).
+
+    Args:
+        memory_bytes: address space (``RLIMIT_AS``).
+        cpu_seconds: CPU time (``RLIMIT_CPU``); the process is killed past it.
+        file_bytes: the largest file it may write (``RLIMIT_FSIZE``; 0: none at all). A
+            write past it fails with an error instead of killing the process.
+        open_files: open file descriptors (``RLIMIT_NOFILE``).
+    """
+    def lower(kind, value):
+        soft, hard = resource.getrlimit(kind)
+        new = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(kind, (new, new))
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if memory_bytes is not None:
+        lower(resource.RLIMIT_AS, int(memory_bytes))
+    if cpu_seconds is not None:
+        lower(resource.RLIMIT_CPU, int(cpu_seconds))
+    if file_bytes is not None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        lower(resource.RLIMIT_FSIZE, int(file_bytes))
+    if open_files is not None:
+        lower(resource.RLIMIT_NOFILE, int(open_files))
+
+
+# --------------------------------------------------------------------------- native file access
+
+
+def _refuse(what: str) -> Callable:
+    def refused(*args, **kwargs):
+        raise PermissionError(f"{what} is not available while your work is graded")
+
+    refused.__name__ = what.rsplit(".", 1)[-1]
+    return refused
+
+
+def neuter_native_file_access(*, processes: bool = False) -> None:
+    """Replace the functions that read, map or load files below Python's ``open``.
+
+    Args:
+        processes: keep the low-level process starter (a jailed kernel may start processes:
+            they share its jail).
+    """
+    import torch
+
+    targets = [(torch, "from_file"), (torch.UntypedStorage, "from_file"),
+               (torch.TypedStorage, "from_file"), (torch.ops, "load_library"),
+               (torch.classes, "load_library"), (torch.jit, "load"),
+               (torch._C, "PyTorchFileReader"), (torch._C, "PyTorchFileWriter"),
+               (torch._C, "import_ir_module"), (torch._C, "_load_for_lite_interpreter")]
+    for name in ("ByteStorage", "FloatStorage", "DoubleStorage", "LongStorage", "IntStorage",
+                 "BoolStorage", "HalfStorage", "BFloat16Storage", "ShortStorage", "CharStorage"):
+        klass = getattr(torch, name, None)
+        if klass is not None:
+            targets.append((klass, "from_file"))
+    try:
+        import numpy
+
+        targets += [(numpy, "fromfile"), (numpy, "memmap")]
+        core = getattr(numpy, "_core", None) or getattr(numpy, "core", None)
+        multiarray = getattr(core, "multiarray", None)
+        if multiarray is not None:
+            targets.append((multiarray, "fromfile"))
+    except ImportError:  # pragma: no cover - numpy comes with torch
+        pass
+    for owner, name in targets:
+        if getattr(owner, name, None) is None:
+            continue
+        try:
+            setattr(owner, name, _refuse(f"{getattr(owner, '__name__', 'torch')}.{name}"))
+        except (AttributeError, TypeError):
+            pass
+    if processes:
+        return
+    try:
+        import _posixsubprocess
+
+        _posixsubprocess.fork_exec = _refuse("_posixsubprocess.fork_exec")
+        import subprocess
+
+        subprocess._fork_exec = _refuse("subprocess._fork_exec")
+    except (ImportError, AttributeError):  # pragma: no cover - not on Linux
+        pass
+
+
+# --------------------------------------------------------------------------- the audit hook
+
+
+def install_audit_hook(*, readable: Iterable[str], writable: Iterable[str] = (),
+                       allow_processes: bool = False, blocked_modules: Iterable[str] = (),
+                       report: Callable[[str, str], None] | None = None) -> None:
+    """Refuse, from now on, what graded code may not do (see the module docstring).
+
+    Args:
+        readable: roots under which files may be opened for reading.
+        writable: roots under which files may be written (the private scratch folder).
+        allow_processes: let the process start others (only inside a jail, whose view the
+            children share; a kernel running chapter 17's ranks needs it).
+        blocked_modules: module prefixes that may not be imported.
+        report: called with ``(event, detail)`` before each refusal (it must not raise).
+    """
+    readable = tuple(_unique([*readable, *_DEVICES]))
+    writable = tuple(_unique(writable))
+    blocked = tuple(blocked_modules)
+    denied_events = set(_ALWAYS_DENIED)
+    if not allow_processes:
+        denied_events |= _PROCESS_EVENTS
+    denied_events = frozenset(denied_events)
+    realpath, fspath = os.path.realpath, os.fspath
+    busy = [False]
+
+    def refuse(event: str, detail: str) -> None:
+        if report is not None and not busy[0]:
+            busy[0] = True
+            try:
+                report(event, detail)
+            except Exception:  # noqa: BLE001 - reporting never decides
+                pass
+            finally:
+                busy[0] = False
+        raise PermissionError(f"not allowed while your work is graded: {event} {detail}".strip())
+
+    def path_of(value) -> str | None:
+        if isinstance(value, int) or value is None:
+            return None
+        try:
+            return realpath(os.fsdecode(fspath(value)))
+        except (TypeError, ValueError):
+            return "?"
+
+    own = f"/proc/{os.getpid()}/"
+
+    def proc_allowed(path: str) -> bool:
+        return (path.startswith(own) and not path.endswith(("/mem", "/environ"))) or bool(
+            _PROC_INFO.fullmatch(path))
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path = path_of(args[0])
+            if path is None:
+                return
+            if path.startswith("/proc/"):
+                if not proc_allowed(path):
+                    refuse("reading", path)
+                return
+            mode = args[1] if len(args) > 1 else None
+            flags = args[2] if len(args) > 2 else 0
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & _WRITE_FLAGS)
+            if path == "/dev/null":
+                return
+            if writing:
+                if not _under(path, writable):
+                    refuse("writing", path)
+            elif not (_under(path, readable) or _under(path, writable)):
+                refuse("reading", path)
+        elif event in ("os.listdir", "os.scandir"):
+            path = path_of(args[0] if args and args[0] is not None else ".")
+            if path == "/proc" or (path and path.startswith(own)):
+                return
+            if path and not (_under(path, readable) or _under(path, writable)):
+                refuse("listing", path)
+        elif event in _COPY_EVENTS:
+            source, target = (path_of(args[0]) if args else None,
+                              path_of(args[1]) if len(args) > 1 else None)
+            if source and source != "?" and not (_under(source, readable)
+                                                 or _under(source, writable)):
+                refuse("reading", source)
+            if target and (target == "?" or not _under(target, writable)):
+                refuse("changing", target)
+        elif event in _PATH_EVENTS:
+            for value in args[:2]:
+                path = path_of(value)
+                if path and path != "?" and not _under(path, writable):
+                    refuse("changing", path)
+                if path == "?" and not writable:
+                    refuse("changing", "a file")
+        elif event == "sqlite3.connect":
+            database = args[0] if args else None
+            if str(database) not in (":memory:", "", "file::memory:"):  # IPython's history
+                refuse("opening a database", str(database))
+        elif event == "socket.__new__":
+            import socket as _socket
+
+            family = args[1] if len(args) > 1 else None
+            if family not in (_socket.AF_UNIX, -1, None):  # a local pair (asyncio) is fine
+                refuse("opening a network socket", "")
+        elif event in denied_events or event.startswith("ctypes."):
+            refuse(event, "")
+        elif event == "import" and blocked:
+            name = args[0] if args and isinstance(args[0], str) else ""
+            if name.startswith(blocked):
+                refuse("importing", name)
+
+    sys.addaudithook(hook)
+
+
+def block_imports(prefixes: Iterable[str]) -> None:
+    """Forget the modules under ``prefixes`` and refuse to import them again.
+
+    Args:
+        prefixes: dotted module prefixes (``attention_book.exercises``).
+    """
+    prefixes = tuple(prefixes)
+
+    def blocked(name: str) -> bool:
+        return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+    for name in list(sys.modules):
+        if blocked(name):
+            parent, _, child = name.rpartition(".")
+            if parent in sys.modules and not blocked(parent):
+                try:
+                    delattr(sys.modules[parent], child)
+                except AttributeError:
+                    pass
+            del sys.modules[name]
+
+    class _Refuse:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if blocked(name):
+                raise ImportError(f"{name} is not available while your work is graded "
+                                  "(an answer may not use the checkers or the grader)")
+            return None
+
+    sys.meta_path.insert(0, _Refuse())
+
+
+# --------------------------------------------------------------------------- the kernel
+
+
+def _kernel_main(argv: list[str]) -> int:
+    """Start a sandboxed IPython kernel (nbgrader's kernel for feedback runs).
+
+    Reads ``BOOK_SANDBOX_*`` environment variables set by the course configuration:
+    ``BOOK_SANDBOX_READABLE`` (extra readable folders, ``os.pathsep``-separated),
+    ``BOOK_SANDBOX_MEMORY`` (bytes).
+    """
+    cwd = os.getcwd()
+    connection = None
+    for index, arg in enumerate(argv):
+        if arg == "-f" and index + 1 < len(argv):
+            connection = argv[index + 1]
+        elif arg.startswith("-f="):
+            connection = arg[3:]
+    if connection is None:
+        print("usage: python -m attention_book.classroom.sandbox kernel -f CONNECTION_FILE",
+              file=sys.stderr)
+        return 2
+    with open(connection, encoding="utf-8") as handle:
+        connection_text = handle.read()
+    extra = [p for p in os.environ.get("BOOK_SANDBOX_READABLE", "").split(os.pathsep) if p]
+    readable = [*python_roots(), package_root(), cwd, *SYSTEM_LIBRARIES, *extra]
+    memory = int(os.environ.get("BOOK_SANDBOX_MEMORY", str(8 * 2**30)))
+    jailed = False
+    if os.environ.get("BOOK_SANDBOX_JAIL", "1") != "0":
+        import tempfile
+
+        root = tempfile.mkdtemp(prefix="abk-kernel-")
+        try:
+            enter_jail(root, readable, scratch="/tmp", scratch_megabytes=256, cwd=cwd)
+            jailed = True
+        except (SandboxError, OSError) as error:
+            print(f"[sandbox] no private file view ({error}); the audit hook still applies",
+                  file=sys.stderr)
+    scratch = "/tmp" if jailed else os.path.realpath(
+        __import__("tempfile").mkdtemp(prefix="abk-kernel-scratch-"))
+    connection_copy = os.path.join(scratch, "kernel-connection.json")
+    with open(connection_copy, "w", encoding="utf-8") as handle:
+        handle.write(connection_text)
+    for key in ("HOME", "IPYTHONDIR", "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR", "XDG_CACHE_HOME",
+                "HF_HOME", "TORCHINDUCTOR_CACHE_DIR"):
+        os.environ[key] = scratch
+    startup = os.path.join(scratch, "profile_default", "startup")
+    os.makedirs(startup, exist_ok=True)
+    open(os.path.join(startup, "README"), "w").close()  # IPython copies it otherwise
+    os.environ["PYTHONSAFEPATH"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    if "" in sys.path:
+        sys.path.remove("")
+    import matplotlib
+
+    matplotlib.use("module://matplotlib_inline.backend_inline")
+    import matplotlib.font_manager  # noqa: F401 - the font cache is read before writes stop
+    from ipykernel import kernelapp, kernelbase
+
+    listing = kernelbase.Kernel._process_children
+
+    def children(self):  # the jail has no /proc: no children to list, no error to log
+        try:
+            return listing(self)
+        except Exception:  # noqa: BLE001
+            return []
+
+    kernelbase.Kernel._process_children = children
+
+    # Without the jail nothing may be written at all (native code could write anywhere).
+    limit_resources(memory_bytes=memory, file_bytes=None if jailed else 0, open_files=4096)
+    neuter_native_file_access(processes=jailed)
+    install_audit_hook(readable=readable, writable=[scratch], allow_processes=jailed,
+                       blocked_modules=("nbgrader",))
+    args = [a for a in argv if a != connection and not a.startswith("-f")
+            and not a.startswith("--HistoryManager.hist_file")]
+    kernelapp.launch_new_instance(argv=["-f", connection_copy, *args,
+                                        "--HistoryManager.hist_file=:memory:"])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m attention_book.classroom.sandbox kernel -f FILE`` (see the module doc)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["kernel"]:
+        return _kernel_main(argv[1:])
+    if argv[:1] == ["check"]:
+        print("private file view available" if jail_available() else
+              "no private file view on this machine (user namespaces are off)")
+        return 0
+    print("usage: python -m attention_book.classroom.sandbox {kernel -f FILE | check}",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
