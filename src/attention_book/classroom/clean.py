@@ -57,6 +57,7 @@ __all__ = ["Answer", "CellResult", "Exercise", "ExerciseResult", "GradeCell", "L
 
 _GRADE_ID = re.compile(r"^(?P<key>ch\d+-ex\d+)-")
 _OUTPUT_LIMIT = 20_000  # characters of a checker's printed feedback that are kept
+_SCRATCH = "/answer-scratch"  # an answer process's private temporary folder, inside its jail
 
 
 @dataclass(frozen=True)
@@ -568,14 +569,23 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str | None,
     jailed = False
     if use_jail:
         try:
-            sandbox.enter_jail(jail_root, [*roots, *sandbox.SYSTEM_LIBRARIES], hidden=hidden)
+            # a private scratch folder (FlexAttention and torch's compilers want a temporary
+            # folder); it vanishes with the process. It is not /tmp, so that a path under the
+            # real /tmp (a course folder, say) is refused and reported, not just missing.
+            sandbox.enter_jail(jail_root, [*roots, *sandbox.SYSTEM_LIBRARIES], hidden=hidden,
+                               scratch=_SCRATCH, scratch_megabytes=64)
             jailed = True
         except (sandbox.SandboxError, OSError):
             jailed = False
     if not jailed and jail_root:
         os.chdir(jail_root)  # an empty folder: nothing shipped beside the notebook is importable
+    scratch = [_SCRATCH] if jailed else []
+    if jailed:
+        for key in ("TMPDIR", "HOME", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
+            os.environ[key] = _SCRATCH
+        tempfile.tempdir = _SCRATCH
     sandbox.limit_resources(memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds,
-                            file_bytes=0, open_files=256)
+                            file_bytes=64 * 2**20 if jailed else 0, open_files=256)
     sandbox.neuter_native_file_access()
     state: dict = {"namespace": None}
     channel = Channel(sock, trusted=False)
@@ -615,8 +625,9 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str | None,
         return namespace[name]
 
     channel.handlers.update({"define": define, "get": get})
-    sandbox.install_audit_hook(readable=[*roots, *sandbox.SYSTEM_LIBRARIES], allow_processes=False,
-                               blocked_modules=sandbox.GRADER_MODULES, report=report)
+    sandbox.install_audit_hook(readable=[*roots, *sandbox.SYSTEM_LIBRARIES], writable=scratch,
+                               allow_processes=False, blocked_modules=sandbox.GRADER_MODULES,
+                               report=report)
     try:
         channel.serve()
     finally:
