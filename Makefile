@@ -34,9 +34,10 @@ $(NODE_STAMP): package.json package-lock.json
 	npm ci --ignore-scripts --no-audit --no-fund
 	touch $(NODE_STAMP)
 
-## book: build the static website into _build/html and say where to open it
+## book: build the static website into _build/html and say where to open it (--quiet hides
+## Sphinx's progress, not its warnings, and -W makes any warning an error)
 book: $(BOOK_STAMP) $(NODE_STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(BIN)/jupyter-book build . -W -n --keep-going --quiet
 
 ## test: every test: package, notebooks (strict nbval), hygiene, ruff, the book build, on both
 ## cores (pytest-xdist; conftest.py decides which tests run together on one worker)

@@ -34,11 +34,12 @@ os.environ.update(book_numerics.numeric_environment(os.environ.get("BOOK_NUMERIC
 #
 # Each group of tests goes to one worker, which runs it from start to end. A group is one
 # file: a notebook's nbval cells share its kernel, and a test file's module fixtures (a course,
-# a hub, a trained model) are built once. The files that read the built website are one group,
-# "book", so one worker builds the site, once, into `_build/`. Each chapter's second run
-# (tests/test_code_paths.py: another CPU code path, the practice version, the wheel) is a group
-# of its own, so those runs spread over both workers. The slowest groups start first, then the
-# chapters' second runs, so that no worker is left alone with a long one at the end.
+# a hub, a trained model) are built once. The files that build or read the website in
+# `_build/` are one group, "book", so one worker builds the site there, one build at a time.
+# Each chapter's second run (tests/test_code_paths.py: another CPU code path, the practice
+# version, the wheel) is a group of its own, so those runs spread over both workers. The
+# slowest groups start first, then the chapters' second runs, so that no worker is left alone
+# with a long one at the end.
 
 _BOOK_FILES = ("tests/test_book_build.py", "tests/test_browser.py",
                "tests/test_browser_minute_demo.py", "tests/test_practice_links.py",

@@ -280,7 +280,7 @@ def _run_of(seed: int) -> dict:
     ids = ["".join(rng.choice("0123456789abcdef") for _ in range(32)) for _ in range(3)]
     box, bar, layout = ids
     notebook = nbformat.v4.new_notebook()
-    cell = nbformat.v4.new_code_cell("train()", execution_count=1)
+    cell = nbformat.v4.new_code_cell("train()", execution_count=1, id="train-cell")
     cell.metadata["execution"] = {"iopub.status.busy": f"2026-01-0{seed % 9 + 1}T00:00:00Z"}
     text = "step 1\nstep 2\nstep 3\n"
     cut = 3 + seed % 10
