@@ -12,7 +12,7 @@ chapter:
 * every ipywidget (a progress bar, a slider) gets a random model id, in the notebook's widget
   state and in the outputs that display it.
 
-This tool removes the first, joins consecutive stream outputs of the same name, and renames
+This tool removes the first, joins consecutive stream outputs of the same name, and renumbers
 the widget models in a fixed order (the order in which the outputs display them, each followed
 by the models its state refers to). Nothing else changes: the text of every output, the
 figures and the order of the outputs stay as they are. ``make execute`` runs it on every
@@ -68,7 +68,8 @@ def _references(value) -> list[str]:
 
 
 def _widget_ids(notebook) -> dict[str, str]:
-    """Old model id -> new one: w0001, w0002, ... in the order the notebook shows them."""
+    """Old model id -> new one, numbered in the order the notebook shows them and written like
+    the random ones (32 hexadecimal digits, as a uuid4's hex), e.g. 000...0001."""
     state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     order: list[str] = []
 
@@ -90,8 +91,7 @@ def _widget_ids(notebook) -> dict[str, str]:
 
     for model_id in sorted(set(state) - set(order), key=content):
         visit(model_id)
-    width = max(4, len(str(len(order))))
-    return {old: f"w{index:0{width}d}" for index, old in enumerate(order, 1)}
+    return {old: f"{index:032x}" for index, old in enumerate(order, 1)}
 
 
 def _rename(value, ids: dict[str, str]):
