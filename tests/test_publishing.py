@@ -11,7 +11,7 @@
 * **Re-executing is clean:** every stored notebook is already in the form that ``make execute``
   stores (``tools/normalize_notebooks.py``), and the executor records no timing, joins split
   streams and starts its kernel without a warning.
-* **Docs that match the tree:** every file the docs name exists.
+* **Docs that match the tree:** every file the docs name exists; `tools/which_tests.py` works.
 
 The deploy workflow's build steps run in ``test_pages_workflow.py`` (they build the website,
 so they belong to the tests of the built book).
@@ -393,3 +393,15 @@ def test_the_readme_lists_every_everyday_command():
     for target in ("book", "test", "lab", "lab-chapters", "execute", "practice", "lint"):
         assert re.search(rf"^{re.escape(target)}:", makefile, re.M), target
         assert f"`make {target}" in readme, f"README: `make {target}` is not explained"
+
+
+def test_which_tests_names_the_tests_and_chapters_of_a_module():
+    """The README's `tools/which_tests.py`: positions.py -> its tests, the chapter that teaches it."""
+    spec = importlib.util.spec_from_file_location("which_tests", ROOT / "tools" / "which_tests.py")
+    which_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(which_tests)
+    tests, direct, indirect = which_tests.users(["attention_book.positions"])["attention_book.positions"]
+    assert "tests/test_positions.py" in tests and "tests/test_attention.py" not in tests
+    teaching = [c for c in direct if re.match(r"chapters/12_", c)]
+    assert teaching and not set(direct) & set(indirect)
+    assert "attention_book.positions" in which_tests.all_modules()
