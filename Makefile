@@ -1,15 +1,28 @@
 # Everyday commands. The first two are the README's set-up commands: each one
-# creates the virtual environment and installs everything it needs.
+# creates the virtual environment and installs what it needs.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
+# One virtual environment, two stamps. The website build needs only requirements-book.txt
+# (jupyter-book and its extensions: no torch, since the build renders stored outputs);
+# everything else (torch, the package, the test and classroom tools) goes on top of it.
+BOOK_STAMP := $(VENV)/.installed-book
 STAMP := $(VENV)/.installed
+# Where PyPI would give the CUDA build of torch (Linux x86-64), install the pinned version
+# from PyTorch's CPU index first: make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
 
-.PHONY: book test lab execute lint clean
+.PHONY: book test lab lab-chapters execute lint clean
 
-$(STAMP): requirements.txt pyproject.toml
+$(BOOK_STAMP): requirements-book.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-book.txt
+	touch $(BOOK_STAMP)
+
+$(STAMP): $(BOOK_STAMP) requirements.txt pyproject.toml
+	$(if $(TORCH_INDEX_URL),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX_URL) \
+	    "$$(grep -m1 '^torch==' requirements.txt)")
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
@@ -21,10 +34,10 @@ $(NODE_STAMP): package.json package-lock.json
 	npm ci --ignore-scripts --no-audit --no-fund
 	touch $(NODE_STAMP)
 
-## book: build the static website into _build/html and say where to open it
-book: $(STAMP) $(NODE_STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going
-	@echo "The book is built. Open file://$(CURDIR)/_build/html/index.html"
+## book: build the static website into _build/html and say where to open it (--quiet hides
+## Sphinx's progress, not its warnings, and -W makes any warning an error)
+book: $(BOOK_STAMP) $(NODE_STAMP)
+	$(BIN)/jupyter-book build . -W -n --keep-going --quiet
 
 ## test: every test: package, notebooks (strict nbval), hygiene, ruff, the book build, on both
 ## cores (pytest-xdist; conftest.py decides which tests run together on one worker)
@@ -32,18 +45,26 @@ test: $(STAMP) $(NODE_STAMP)
 	tools/ensure_chromium.sh
 	$(BIN)/python -m pytest -n 2
 
-## lab: open the notebooks in JupyterLab
+## lab: JupyterLab on the repository, its file browser opened in practice/ (the chapters with
+## the exercises left to do, for learners); lab-chapters: the same, opened in chapters/ (the
+## chapters with their solutions, for authors)
 lab: $(STAMP)
-	$(BIN)/jupyter lab chapters/
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --ContentsManager.preferred_dir=practice
 
-## execute: re-run every chapter (or NB=chapters/03_x.ipynb) and store its outputs, in the
-## pinned numeric environment of tools/numerics/pinned.env (the test command uses the same,
-## through conftest.py)
+lab-chapters: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --ContentsManager.preferred_dir=chapters
+
+## execute: re-run every chapter (or NB=chapters/03_x.ipynb) with a fresh kernel and store its
+## outputs, in the pinned numeric environment of tools/numerics/pinned.env (the test command
+## uses the same, through conftest.py); tools/execute_notebook.py stores them normalised
+## (tools/normalize_notebooks.py), so re-running an unchanged chapter changes nothing
 NB ?= chapters/*.ipynb
 execute: $(STAMP)
-	for nb in $(NB); do tools/with_numerics pinned $(BIN)/jupyter execute --inplace $$nb || exit 1; done
+	for nb in $(NB); do tools/with_numerics pinned $(BIN)/python tools/execute_notebook.py $$nb || exit 1; done
 
-## practice: regenerate practice/NN_name.ipynb (the self-learner's version of each chapter)
+## practice: write every chapter's Colab install cell (and CITATION.cff, the deploy workflow)
+## from the repository setting in _config.yml, then regenerate practice/NN_name.ipynb (the
+## self-learner's version of each chapter)
 .PHONY: practice
 practice: $(STAMP)
 	$(BIN)/python -m attention_book.classroom.practice

@@ -38,17 +38,21 @@ os.environ["MPLBACKEND"] = "module://attention_book._figure_check_inline"
 #
 # Each group of tests goes to one worker, which runs it from start to end. A group is one
 # file: a notebook's nbval cells share its kernel, and a test file's module fixtures (a course,
-# a hub, a trained model) are built once. The files that read the built website are one group,
-# "book", so one worker builds the site, once, into `_build/`. The practice notebooks' slow
-# runs are a group each, so they spread over both workers. The slowest groups start first,
-# so that no worker is left alone with a long one at the end.
+# a hub, a trained model) are built once. The files that build or read the website in
+# `_build/` are one group, "book", so one worker builds the site there, one build at a time.
+# Each chapter's second run (tests/test_code_paths.py: another CPU code path, the practice
+# version, the wheel) is a group of its own, so those runs spread over both workers. The
+# slowest groups start first, then the chapters' second runs, so that no worker is left alone
+# with a long one at the end.
 
 _BOOK_FILES = ("tests/test_book_build.py", "tests/test_browser.py",
-               "tests/test_browser_minute_demo.py", "tests/test_practice_links.py")
-_ONE_GROUP_EACH = ("tests/test_practice.py::test_practice_notebook_runs_and_blank_exercises",)
+               "tests/test_browser_minute_demo.py", "tests/test_practice_links.py",
+               "tests/test_pages_workflow.py")
+_ONE_GROUP_EACH = (
+    "tests/test_code_paths.py::test_chapter_under_another_code_path_from_the_wheel_with_its_",
+)
 _SLOWEST_FIRST = (  # measured with --durations: each takes 1.5 to 5 minutes
     "book",
-    "tests/test_code_paths.py",
     "tests/test_classroom_scenario.py",
     "tests/test_jupyterhub.py",
     "tests/test_assignments.py",
@@ -82,7 +86,9 @@ def pytest_collection_modifyitems(config, items):
 
     def rank(item) -> int:
         group = test_group(item.nodeid)
-        return _SLOWEST_FIRST.index(group) if group in _SLOWEST_FIRST else len(_SLOWEST_FIRST)
+        if group in _SLOWEST_FIRST:
+            return _SLOWEST_FIRST.index(group)
+        return len(_SLOWEST_FIRST) + (0 if group.startswith(_ONE_GROUP_EACH) else 1)
 
     items.sort(key=rank)  # stable: inside a group, and among the rest, the order is kept
 

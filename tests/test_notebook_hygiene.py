@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from attention_book.classroom.practice import install_cell_source
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 MACHINE_PATH = re.compile(r"(/root/|/home/[^/\s]+/|/Users/[^/\s]+/|/tmp/|[A-Z]:\\\\Users|site-packages)")
@@ -114,14 +116,13 @@ def test_starts_with_title_goals_and_colab_install_cell(notebook):
         f"{path.name}: the first cell must be a markdown cell with the chapter title"
     )
     install = _code_cells(nb)[0]
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    url = config["repository"]["url"]
     source = _source(install)
     assert '"google.colab" in sys.modules' in source, (
         f"{path.name}: the first code cell must be the Colab install cell"
     )
-    assert f"attention-book[book] @ git+{url}" in source, (
-        f"{path.name}: the install cell must use repository.url from _config.yml ({url})"
+    assert source == install_cell_source(ROOT), (
+        f"{path.name}: the install cell differs from the one written from _config.yml's "
+        "repository setting: run `make practice`"
     )
     assert "remove-cell" in install["metadata"].get("tags", []), (
         f"{path.name}: tag the install cell remove-cell"

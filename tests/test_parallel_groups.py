@@ -38,11 +38,32 @@ def test_the_book_files_are_one_group_and_a_new_reader_stops_collection():
         _conftest.pytest_collection_modifyitems(None, [reader])
 
 
-def test_other_files_are_a_group_each_and_practice_runs_spread():
+def _second_runs() -> list[str]:
+    """The node ids of the chapters' second runs (tests/test_code_paths.py), as pytest names them."""
+    import test_code_paths
+
+    test = test_code_paths.test_chapter_under_another_code_path_from_the_wheel_with_its_practice_version
+    return [f"tests/test_code_paths.py::{test.__name__}[{chapter.stem}]"
+            for chapter in test_code_paths.CHAPTERS]
+
+
+def test_other_files_are_a_group_each_and_the_chapters_second_runs_spread():
     assert test_group("tests/test_attention.py::test_a[1]") == "tests/test_attention.py"
     assert test_group("tests/test_attention.py::test_b") == "tests/test_attention.py"
-    runs = [f"tests/test_practice.py::test_practice_notebook_runs_and_blank_exercises_get_"
-            f"feedback[{chapter.stem}]" for chapter in sorted((ROOT / "chapters").glob("*.ipynb"))]
+    runs = _second_runs()
+    assert len(runs) == len(list((ROOT / "chapters").glob("*.ipynb")))
     assert len({test_group(run) for run in runs}) == len(runs)
+    assert test_group("tests/test_code_paths.py::test_the_wheel_holds_every_file_of_the_package") == (
+        "tests/test_code_paths.py")
     assert test_group("tests/test_practice.py::test_practice_notebook_is_up_to_date[x]") == (
         "tests/test_practice.py")
+
+
+def test_the_slowest_groups_start_first_then_the_chapters_second_runs():
+    book = SimpleNamespace(nodeid="tests/test_book_build.py::test_book_builds_without_warnings",
+                           fixturenames=["built_book"])
+    second_run = SimpleNamespace(nodeid=_second_runs()[0], fixturenames=[])
+    other = SimpleNamespace(nodeid="tests/test_attention.py::test_a", fixturenames=[])
+    items = [other, second_run, book]
+    _conftest.pytest_collection_modifyitems(None, items)
+    assert items == [book, second_run, other]

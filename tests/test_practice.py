@@ -1,11 +1,15 @@
-"""The practice notebooks: fresh, runnable up to the first exercise, feedback on blank answers.
+"""The practice notebooks: fresh, and holding no answer.
 
 ``practice/NN_name.ipynb`` is generated from each chapter by nbgrader (``make practice``).
 A practice notebook must (1) equal what the generator writes today, so it never drifts from
 its chapter; (2) run from the top without an error up to its first exercise and through every
 blank answer cell; and (3) answer each check cell of a blank exercise with the checker's
 feedback ("You have not written … yet") and a failed assert, never a ``NameError`` and never
-"Correct". The website's buttons that open them are tested in ``test_practice_links.py``.
+"Correct". This file checks (1) and that no answer is left in it; (2) and (3) are checked in
+the chapter's second run (``tests/test_code_paths.py``), which runs the practice version of
+every exercise cell in the same kernel as the chapter, instead of running each practice
+notebook a third time. The website's buttons that open them are tested in
+``test_practice_links.py``.
 """
 
 from __future__ import annotations
@@ -13,9 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from attention_book.classroom.format import find_chapters
 from attention_book.classroom.practice import HEADER_ID, practice_notebooks
@@ -52,31 +54,3 @@ def test_practice_notebook_says_what_it_is_and_holds_no_answer(chapter):
             assert "raise NotImplementedError()" in "".join(cell["source"])
         if meta.get("solution") or meta.get("grade"):
             assert not cell.get("outputs"), "an answer or check cell kept a stored output"
-
-
-def _text(cell) -> str:
-    parts = []
-    for output in cell.get("outputs", []):
-        parts.append(output.get("text", ""))
-        parts.append(output.get("data", {}).get("text/plain", ""))
-    return "".join(parts)
-
-
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
-def test_practice_notebook_runs_and_blank_exercises_get_feedback(chapter):
-    notebook = nbformat.read(PRACTICE / chapter.name, as_version=4)
-    NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(PRACTICE)}}).execute()
-    checks = 0
-    for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code":
-            continue
-        meta = cell.metadata.get("nbgrader", {})
-        errors = [o for o in cell.outputs if o.output_type == "error"]
-        if meta.get("grade") and not meta.get("solution"):
-            checks += 1
-            assert [e.ename for e in errors] == ["AssertionError"], (index, errors, _text(cell))
-            assert "Not yet" in _text(cell) and "Correct" not in _text(cell), _text(cell)
-        else:
-            assert errors == [], f"cell {index} fails before or outside an exercise: {errors}"
-    assert checks >= 1

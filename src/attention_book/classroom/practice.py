@@ -11,6 +11,12 @@ check cells are removed, so no "Correct" is stored under an empty answer.
 Regenerate them with ``make practice`` (``python -m attention_book.classroom.practice``);
 ``tests/test_practice.py`` fails when one is out of date with its chapter.
 
+The same command first applies the book's one repository setting, ``repository.url`` and
+``repository.branch`` in ``_config.yml``, to every place that names the repository
+(:func:`sync_repository_setting`): the Colab install cell of every chapter (and so of every
+practice notebook generated from it), ``CITATION.cff`` and the branch that the website's
+deploy workflow publishes. The website's launch buttons read the setting themselves.
+
 Not taught in a chapter: chapter 0 tells learners where the practice notebooks are.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -25,7 +32,8 @@ from pathlib import Path
 
 from .format import chapter_number, find_chapters
 
-__all__ = ["HEADER_ID", "practice_notebooks", "write_practice_notebooks", "main"]
+__all__ = ["HEADER_ID", "repository_setting", "install_cell_source", "sync_repository_setting",
+           "practice_notebooks", "write_practice_notebooks", "main"]
 
 #: The id of the generated first cell, which says where the notebook comes from.
 HEADER_ID = "practice-header"
@@ -49,6 +57,130 @@ what is still wrong. The chapter with its solutions is on the book's website.
 *This notebook is generated from `chapters/{name}` by `make practice`; do not edit it by hand.*"""
 
 
+# The first code cell of every chapter. `make practice` writes it from _config.yml; the hygiene
+# test compares each chapter's cell with it. Off Colab it does nothing and prints nothing.
+_INSTALL_CELL = """\
+# On Colab, install the book's package; everywhere else this cell does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    _package = {package}
+    print("Installing the book's package (about a minute)...", flush=True)
+    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", _package],
+                          capture_output=True, text=True)
+    if _pip.returncode != 0:
+        raise RuntimeError(
+            "Could not install the book's package, which every cell below needs.\\n"
+            f"pip tried: pip install '{{_package}}'\\n"
+            "Is this runtime online? Installing needs the internet: check the connection, then\\n"
+            "run this cell again. Does the address after 'git+' open in a browser? If the book\\n"
+            "has moved, put its new address in this cell, and tell the book's authors.\\n"
+            "What pip said:\\n" + _pip.stderr[-2000:]
+        ) from None"""
+
+_PACKAGE = "attention-book[book] @ git+{url}@{branch}"
+
+
+def repository_setting(root: str | Path = ".") -> tuple[str, str]:
+    """The book's repository: ``repository.url`` and ``repository.branch`` in ``_config.yml``.
+
+    Args:
+        root: the repository root (holds ``_config.yml``).
+
+    Returns:
+        ``(url, branch)``, e.g. ``("https://github.com/owner/name", "main")``.
+
+    Raises:
+        ValueError: the setting is missing, or the URL is not an ``https://`` address.
+    """
+    import yaml
+
+    config = yaml.safe_load(Path(root, "_config.yml").read_text(encoding="utf-8"))
+    repository = (config or {}).get("repository") or {}
+    url, branch = repository.get("url"), repository.get("branch")
+    if not isinstance(url, str) or not re.fullmatch(r"https://[^\s'\"@]+", url.rstrip("/")):
+        raise ValueError(f"_config.yml: repository.url must be an https:// address, not {url!r}")
+    if not isinstance(branch, str) or not re.fullmatch(r"[\w./-]+", branch):
+        raise ValueError(f"_config.yml: repository.branch must be a branch name, not {branch!r}")
+    return url.rstrip("/"), branch
+
+
+def install_cell_source(root: str | Path = ".") -> str:
+    """The source of the Colab install cell, for the repository named in ``_config.yml``.
+
+    Args:
+        root: the repository root.
+
+    Returns:
+        The cell's Python source: on Colab it pip-installs ``attention-book[book]`` from the
+        repository's branch and, if that fails, raises a ``RuntimeError`` that names the
+        address it tried and how to fix it; anywhere else it does nothing.
+    """
+    url, branch = repository_setting(root)
+    package = _PACKAGE.format(url=url, branch=branch)
+    return _INSTALL_CELL.format(package=json.dumps(package))
+
+
+def _sync_install_cell(path: Path, source: str) -> bool:
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    if not code or '"google.colab" in sys.modules' not in "".join(code[0]["source"]):
+        raise ValueError(f"{path.name}: the first code cell is not the Colab install cell")
+    if "".join(code[0]["source"]) == source:
+        return False
+    code[0]["source"] = source.splitlines(keepends=True)
+    path.write_text(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+    return True
+
+
+def _sync_line(path: Path, pattern: str, replacement: str) -> bool:
+    if not path.is_file():
+        return False
+    text = path.read_text(encoding="utf-8")
+    new, count = re.subn(pattern, replacement, text, count=1, flags=re.MULTILINE)
+    if count != 1:
+        raise ValueError(f"{path.name}: found no line matching {pattern!r} to update")
+    if new == text:
+        return False
+    path.write_text(new, encoding="utf-8")
+    return True
+
+
+def sync_repository_setting(root: str | Path = ".",
+                            chapters: Sequence[str | Path] | None = None) -> list[Path]:
+    """Write the repository setting of ``_config.yml`` into every file that names it.
+
+    Rewrites the Colab install cell of each chapter (:func:`install_cell_source`; the rest
+    of the notebook is left as it is), ``repository-code`` in ``CITATION.cff`` and the branch
+    that ``.github/workflows/pages.yml`` publishes from.
+
+    Args:
+        root: the repository root.
+        chapters: chapter notebooks (default: every chapter).
+
+    Returns:
+        The files that changed.
+
+    Raises:
+        ValueError: a chapter does not start with the install cell, or a file lacks the line
+            that names the repository.
+    """
+    url, branch = repository_setting(root)
+    source = install_cell_source(root)
+    paths = [Path(c) for c in chapters] if chapters is not None else find_chapters(root)
+    changed = [path for path in paths if _sync_install_cell(path, source)]
+    citation = Path(root, "CITATION.cff")
+    if _sync_line(citation, r"^repository-code: .*$", f'repository-code: "{url}"'):
+        changed.append(citation)
+    workflow = Path(root, ".github", "workflows", "pages.yml")
+    if _sync_line(workflow, r"^(\s+branches: )\[[^\]\n]*\]", rf"\g<1>[{branch}]"):
+        changed.append(workflow)
+    return changed
+
+
 def _run_generate(course: Path, names: Sequence[str]) -> None:
     from .course import run_nbgrader
 
@@ -62,6 +194,7 @@ def _clean(notebook: dict, chapter: Path) -> dict:
     """Remove the answer and check cells' outputs and add the header cell."""
     for cell in notebook["cells"]:
         meta = cell.get("metadata", {}).get("nbgrader", {})
+        cell.get("metadata", {}).pop("execution", None)  # run timestamps: not part of a chapter
         if cell["cell_type"] == "code" and (meta.get("solution") or meta.get("grade")):
             cell["outputs"] = []
             cell["execution_count"] = None
@@ -132,14 +265,21 @@ def write_practice_notebooks(root: str | Path = ".", out_dir: str | Path = "prac
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m attention_book.classroom.practice [CHAPTER ...]``."""
-    parser = argparse.ArgumentParser(description="Write practice/NN_name.ipynb for chapters.")
+    """Command line: ``python -m attention_book.classroom.practice [CHAPTER ...]``.
+
+    First applies the repository setting of ``_config.yml`` (:func:`sync_repository_setting`,
+    to every chapter), then writes the practice notebooks of the chapters given (default: all).
+    """
+    parser = argparse.ArgumentParser(
+        description="Apply _config.yml's repository setting, then write practice/NN_name.ipynb.")
     parser.add_argument("chapters", nargs="*", help="chapter notebooks (default: all)")
     parser.add_argument("--root", default=".", help="repository root (default: .)")
     options = parser.parse_args(argv)
     try:
+        for path in sync_repository_setting(options.root):
+            print(f"updated {path} from _config.yml's repository setting")
         written = write_practice_notebooks(options.root, chapters=options.chapters or None)
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     for path in written:
