@@ -95,6 +95,7 @@ def test_the_jail_shows_python_and_the_package_read_only_and_nothing_else(secret
 def test_the_audit_hook_refuses_and_reports(secret):
     def body():
         reports = []
+        sandbox.block_imports(("attention_book.exercises",))  # as the answer's process does
         sandbox.install_audit_hook(readable=sandbox.python_roots(), writable=[],
                                    blocked_modules=("attention_book.exercises",),
                                    report=lambda event, detail: reports.append(event))
@@ -162,7 +163,7 @@ def test_the_sandboxed_kernel_runs_honest_work_and_refuses_the_rest(secret, tmp_
     spec = tmp_path / "jupyter" / "kernels" / "abk-test"
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-I", sandbox.__file__, "kernel", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-P", sandbox.__file__, "kernel", "-f", "{connection_file}"],
         "display_name": "sandboxed", "language": "python"}))
     work = tmp_path / "work"
     work.mkdir()

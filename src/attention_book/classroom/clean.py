@@ -579,6 +579,10 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str | None,
             jailed = False
     if not jailed and jail_root:
         os.chdir(jail_root)  # an empty folder: nothing shipped beside the notebook is importable
+    keep = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS",
+                                             "MKL_NUM_THREADS") if key in os.environ}
+    os.environ.clear()  # nothing of the grader's environment is the answer's business
+    os.environ.update(keep)
     scratch = [_SCRATCH] if jailed else []
     if jailed:
         for key in ("TMPDIR", "HOME", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
@@ -971,13 +975,13 @@ def grade_many(requests: list[tuple[object, dict[str, object]]], *,
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False, encoding="utf-8") as handle:
         handle.write("\n".join(dict.fromkeys(all_imports)))
         imports_file = handle.name
-    command = [sys.executable, "-I", "-m", "attention_book.classroom.clean", "--imports-file",
+    # -P: the working folder is not on the path (PYTHONPATH still is, as the grader has it)
+    command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m",
+               "attention_book.classroom.clean", "--imports-file",
                imports_file, "--limits", json.dumps(asdict(limits))]
     if not use_jail:
         command.append("--no-jail")
-    env = {key: value for key, value in os.environ.items()
-           if key.startswith(("OMP_", "MKL_", "ATEN_", "KMP_", "ONEDNN_", "OPENBLAS_", "LANG",
-                              "LC_", "PATH", "HOME", "TMPDIR", "BOOK_"))}
+    env = dict(os.environ)  # the grader's own environment (each answer process clears it)
     env.update({"PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1"})
     count = sum(len(s["exercises"]) for s in job["students"])

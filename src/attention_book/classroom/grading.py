@@ -265,9 +265,9 @@ def _stage(course: Path, assignment: str, notebooks: dict[str, Path], source: di
         folder.mkdir(parents=True)
         (folder / path.name).write_text(json.dumps(_restored(submission, source)),
                                         encoding="utf-8")
-        timestamp = path.parent / "timestamp.txt"
-        if timestamp.is_file():
-            shutil.copyfile(timestamp, folder / "timestamp.txt")
+        for name in ("timestamp.txt", "submission_secret.txt"):  # nbgrader's own files
+            if (path.parent / name).is_file():
+                shutil.copyfile(path.parent / name, folder / name)
     return staged
 
 
@@ -291,7 +291,8 @@ def _kernel_spec(course: Path) -> Path:
     spec = folder / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-I", sandbox.__file__, "kernel", "-f", "{connection_file}"],
+        "argv": [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
+                 sandbox.__file__, "kernel", "-f", "{connection_file}"],
         "display_name": "Python 3 (sandboxed for grading)",
         "language": "python",
         "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1", "MPLBACKEND":
@@ -430,10 +431,13 @@ def _bound_autograded(course: Path, assignment: str, students: list[str], source
         for path in (course / "autograded" / student / assignment).glob("*.ipynb"):
             try:
                 notebook = json.loads(path.read_text(encoding="utf-8"))
+                mode = path.stat().st_mode & 0o777
+                path.chmod(mode | 0o200)  # nbgrader leaves it read-only (444)
+                path.write_text(json.dumps(bound_outputs(notebook, hidden), indent=1),
+                                encoding="utf-8")
+                path.chmod(mode)
             except (OSError, ValueError):
                 continue
-            path.write_text(json.dumps(bound_outputs(notebook, hidden), indent=1),
-                            encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- flags

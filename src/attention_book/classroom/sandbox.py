@@ -97,6 +97,10 @@ class SandboxError(RuntimeError):
 def python_roots() -> list[str]:
     """The folders a Python process of this environment reads: its installation and venv.
 
+    That is the interpreter's prefixes, its standard library and site-packages, and every
+    other folder on ``sys.path`` that holds installed packages (a ``site-packages`` or
+    ``dist-packages`` folder added by a ``.pth`` file, say) -- never the working folder.
+
     Returns:
         Absolute, resolved paths (each once).
     """
@@ -106,6 +110,8 @@ def python_roots() -> list[str]:
         if path:
             roots.append(path)
     roots.append(str(Path(sys.executable).resolve().parent))
+    roots += [entry for entry in sys.path
+              if entry and Path(entry).name in ("site-packages", "dist-packages")]
     return _unique(roots)
 
 
