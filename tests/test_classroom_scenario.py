@@ -316,3 +316,29 @@ def test_a_rerun_never_undoes_a_flag_and_a_manual_score_wins(course, scenario):
               for r in exercise_scores(course, [assignment])}
     assert scores[("reader", first.exercise)][0] == first.points
     assert "manual score" in scores[("reader", first.exercise)][1]
+
+
+def test_a_manual_score_written_while_grading_is_put_back_and_flagged(course, monkeypatch):
+    """Code that reached the gradebook during a run (as without the private view) is undone."""
+    from nbgrader.api import Gradebook
+
+    from attention_book.classroom import grading
+
+    assignment = CHAPTERS["05"]
+    check = next(e for e in code_exercises(
+        nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4))).check_ids[0]
+    real = grading.grade_submissions
+
+    def writes_the_gradebook(*args, **kwargs):
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+            gradebook.find_grade(check, assignment, assignment, "cheater").manual_score = 99
+            gradebook.db.commit()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grading, "grade_submissions", writes_the_gradebook)
+    (grade,) = autograde(course, "05", ["cheater"], feedback_run=False, limits=LIMITS).students
+    assert grade.reverted and grade.flags.get("gradebook"), grade
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        assert gradebook.find_grade(check, assignment, assignment, "cheater").manual_score is None
+    assert any(f["student"] == "cheater" and f["exercise"] == "gradebook"
+               for f in read_flags(course))

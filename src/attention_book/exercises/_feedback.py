@@ -16,13 +16,14 @@ cell, never a traceback through this package; and nbgrader marks a failed check 
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable, Sequence
 
 import torch
 
 __all__ = [
     "ExerciseFailure", "checker", "fail", "passed", "expect_shape", "expect_close",
-    "expect_true", "call",
+    "expect_true", "expect_int", "call",
 ]
 
 
@@ -97,6 +98,12 @@ def expect_true(prop: str, condition: bool, *, expected: object, actual: object,
     """Fail with feedback unless ``condition`` holds."""
     if not condition:
         fail(prop, expected=expected, actual=actual, hint=hint)
+
+
+def expect_int(name: str, value: object, hint: str) -> None:
+    """Fail unless ``value`` is an integer (a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(f"{name} is an int", expected="an int", actual=type(value).__name__, hint=hint)
 
 
 def expect_shape(name: str, tensor: object, shape: Sequence[int], *, hint: str) -> None:

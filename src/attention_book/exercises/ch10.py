@@ -8,14 +8,13 @@ Taught in chapter 10.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
 from ..attention import causal_mask
 from ..kv_cache import KVCache
 from ..modules import GroupedQueryAttention
-from ._feedback import call, checker, expect_shape, expect_true, fail, passed
+from ._feedback import call, checker, expect_int, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_attention_flops",
@@ -24,10 +23,6 @@ __all__ = [
     "check_cached_attention",
 ]
 
-
-def _expect_int(name: str, value: object, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(f"{name} is an int", expected="an int", actual=type(value).__name__, hint=hint)
 
 
 # --------------------------------------------------------------------------- 10.1 FLOPs
@@ -66,7 +61,7 @@ def check_attention_flops(fn) -> None:
         per_pair = batch_size * num_heads * head_dim
         expected = 4 * per_pair * num_queries * num_keys
         actual = call(fn, batch_size, num_heads, num_queries, num_keys, head_dim)
-        _expect_int(f"attention_flops{args}", actual, "Return an int (use * and //, not /).")
+        expect_int(f"attention_flops{args}", actual, "Return an int (use * and //, not /).")
         prop = f"attention_flops{args} has the right value"
         if num_queries != num_keys and actual == 4 * per_pair * num_keys**2:
             fail(prop, expected="the FLOPs of a T_q x T_k score matrix", actual=actual,
@@ -89,7 +84,7 @@ def check_attention_flops(fn) -> None:
         per_pair = batch_size * num_heads * head_dim
         expected = 4 * per_pair * _causal_pairs(num_queries, num_keys)
         actual = call(fn, batch_size, num_heads, num_queries, num_keys, head_dim, causal=True)
-        _expect_int(f"attention_flops{args}", actual, "Return an int (use * and //, not /).")
+        expect_int(f"attention_flops{args}", actual, "Return an int (use * and //, not /).")
         prop = f"attention_flops{args} counts only the pairs the causal mask allows"
         full = 4 * per_pair * num_queries * num_keys
         if actual == expected:
@@ -154,7 +149,7 @@ def check_predicted_cache_bytes(fn) -> None:
     Taught in chapter 10.
     """
     prediction = call(fn)
-    _expect_int("your prediction", prediction,
+    expect_int("your prediction", prediction,
                 "Return a whole number of bytes, an int such as 1000 (not a string or a float).")
     cache = _measured_cache()
     measured = cache.nbytes

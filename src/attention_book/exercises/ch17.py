@@ -10,13 +10,12 @@ Taught in chapter 17.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 
 from ..distributed import shard_positions, simulate_ring_attention, unshard
-from ._feedback import call, checker, expect_shape, expect_true, fail, passed
+from ._feedback import call, checker, expect_int, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_bytes_sent_per_rank",
@@ -26,10 +25,6 @@ __all__ = [
     "check_matches_whole_sequence",
 ]
 
-
-def _expect_int(name: str, value: object, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(f"{name} is an int", expected="an int", actual=type(value).__name__, hint=hint)
 
 
 # --------------------------------------------------------------------------- 17.1 bytes
@@ -101,7 +96,7 @@ def check_bytes_sent_per_rank(fn) -> None:
             counts = _forward_bytes(method, *case)
             args = (method, *case)
             actual = call(fn, *args)
-            _expect_int(f"bytes_sent_per_rank{args}", actual,
+            expect_int(f"bytes_sent_per_rank{args}", actual,
                         "Return a whole number of bytes as an int (use // to divide).")
             if actual == counts["right"]:
                 continue
@@ -165,7 +160,7 @@ def check_predicted_busiest_pairs(fn) -> None:
         fail("your prediction is a pair (contiguous, zigzag)", expected="a tuple of 2 ints",
              actual=repr(prediction), hint=hint)
     for value in prediction:
-        _expect_int("each number of your prediction", value, hint)
+        expect_int("each number of your prediction", value, hint)
     expected = (_busiest_pairs(64, 8, "contiguous"), _busiest_pairs(64, 8, "zigzag"))
     prediction = tuple(int(value) for value in prediction)
     if prediction == expected:
