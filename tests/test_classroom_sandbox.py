@@ -169,6 +169,7 @@ def test_the_sandboxed_kernel_runs_honest_work_and_refuses_the_rest(secret, tmp_
     work.mkdir()
     (work / "notes.py").write_text("import os\n")  # shipped beside the notebook
     os.environ["JUPYTER_PATH"] = str(tmp_path / "jupyter")
+    os.environ["JUPYTERHUB_API_TOKEN"] = "the instructor's token"  # as in a hub terminal
     try:
         manager = KernelManager(kernel_name="abk-test")
         manager.start_kernel(cwd=str(work))
@@ -196,12 +197,15 @@ def test_the_sandboxed_kernel_runs_honest_work_and_refuses_the_rest(secret, tmp_
         run("pth", f"open({str(SITE / 'zz_cheat.pth')!r}, 'w').write('import os')")
         run("notes", "import notes")
         run("scratch", "open('/tmp/x', 'w').write('hi'); print(open('/tmp/x').read())")
+        run("token", "print(os.environ.get('JUPYTERHUB_API_TOKEN'))")
         manager.shutdown_kernel(now=True)
     finally:
         os.environ.pop("JUPYTER_PATH", None)
+        os.environ.pop("JUPYTERHUB_API_TOKEN", None)
     assert "ok 2.0" in outputs["honest"] and str(work) in outputs["honest"]
     assert "the answers" not in outputs["secret"]
     assert "Error" in outputs["secret"] and "Error" in outputs["pth"]
     assert outputs["notes"] == "ModuleNotFoundError"
     assert outputs["scratch"] == "hi\n"  # a private /tmp, gone with the kernel
+    assert outputs["token"] == "None\n"
     assert not (SITE / "zz_cheat.pth").exists()

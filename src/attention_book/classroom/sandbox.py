@@ -84,6 +84,11 @@ _ALWAYS_DENIED = frozenset({
 #: What any process may read of /proc beyond its own entry: process lists (psutil, at a
 #: kernel's shutdown), never another process's memory or environment.
 _PROC_INFO = re.compile(r"/proc/(cpuinfo|meminfo|stat|uptime|loadavg|\d+/(stat|status|cmdline))")
+#: The environment variables a sandboxed kernel keeps (prefixes); every other one (a hub's
+#: API token, say) is removed before student code runs.
+_KERNEL_ENVIRONMENT = ("PATH", "LANG", "LC_", "LD_LIBRARY_PATH", "PYTHON", "OMP_", "MKL_",
+                       "ATEN_", "KMP_", "ONEDNN_", "OPENBLAS_", "BOOK_", "MPLBACKEND",
+                       "PYDEVD_", "JPY_", "TZ")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -555,6 +560,9 @@ def _kernel_main(argv: list[str]) -> int:
     connection_copy = os.path.join(scratch, "kernel-connection.json")
     with open(connection_copy, "w", encoding="utf-8") as handle:
         handle.write(connection_text)
+    for key in list(os.environ):  # no token or secret of the grader reaches student code
+        if not key.startswith(_KERNEL_ENVIRONMENT):
+            del os.environ[key]
     for key in ("HOME", "IPYTHONDIR", "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR", "XDG_CACHE_HOME",
                 "HF_HOME", "TORCHINDUCTOR_CACHE_DIR"):
         os.environ[key] = scratch
