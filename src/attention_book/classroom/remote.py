@@ -160,6 +160,9 @@ class Remote:
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__") and name not in _SAFE_DUNDERS:
             raise AttributeError(name)
+        method = self._chan._methods.get((self._rid, name))
+        if method is not None:  # a method of the object's class: no round trip to find it
+            return method
         return self._chan.request("getattr", target=self._rid, name=name)
 
     def __setattr__(self, name, value):
@@ -364,6 +367,32 @@ class RemoteTensor(Remote):
 _make_operators(RemoteTensor)
 
 
+class _MethodOf:
+    """What the owner sends for ``obj.name`` when it is a method of ``obj``'s class."""
+
+    __slots__ = ("rid", "name")
+
+    def __init__(self, rid: int, name: str):
+        self.rid, self.name = rid, name
+
+
+class RemoteMethod:
+    """A method of an object in the other process: one message per call."""
+
+    __slots__ = ("_chan", "_rid", "_name", "__weakref__")
+
+    def __init__(self, chan: Channel, rid: int, name: str):
+        self._chan, self._rid, self._name = chan, rid, name
+
+    def __call__(self, *args, **kwargs):
+        return self._chan.request("callmethod", target=self._rid, name=self._name,
+                                  args=self._chan.encode(list(args)),
+                                  kwargs=self._chan.encode(kwargs))
+
+    def __repr__(self):
+        return f"<remote method {self._name}>"
+
+
 def _materialise(value):
     if isinstance(value, RemoteTensor):
         return value.value()
@@ -411,6 +440,8 @@ class Channel:
         self._exports: dict[int, object] = {}
         self._export_ids: dict[int, int] = {}
         self._proxies: dict[int, Remote] = {}
+        self._methods: dict[tuple[int, str], RemoteMethod] = {}
+        self._rng: bytes | None = None  # the RNG state both ends last agreed on
         self._counter = itertools.count(1)
         self._ids = itertools.count(1)
         self._buffer = bytearray()
@@ -479,14 +510,16 @@ class Channel:
         return message
 
     # ------------------------------------------------------------------ state
-    @staticmethod
-    def _state() -> dict:
-        return {"grad": torch.is_grad_enabled(),
-                "rng": base64.b64encode(torch.random.get_rng_state().numpy().tobytes()).decode(),
-                "dtype": str(torch.get_default_dtype()).removeprefix("torch.")}
+    def _state(self) -> dict:
+        state = {"grad": torch.is_grad_enabled(),
+                 "dtype": str(torch.get_default_dtype()).removeprefix("torch.")}
+        rng = torch.random.get_rng_state().numpy().tobytes()
+        if rng != self._rng:  # the RNG travels only when it moved since the last message
+            state["rng"] = base64.b64encode(rng).decode()
+            self._rng = rng
+        return state
 
-    @staticmethod
-    def _adopt(state) -> None:
+    def _adopt(self, state) -> None:
         if not isinstance(state, dict):
             return
         if isinstance(state.get("grad"), bool):
@@ -499,6 +532,7 @@ class Channel:
             try:
                 raw = base64.b64decode(rng, validate=True)
                 torch.random.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+                self._rng = raw
             except Exception:  # noqa: BLE001 - a malformed state is ignored
                 pass
 
@@ -527,6 +561,8 @@ class Channel:
             return value if math.isfinite(value) else {"$": "float", "v": repr(value)}
         if isinstance(value, Remote) and value._chan is self:
             return {"$": "back", "id": value._rid}
+        if isinstance(value, _MethodOf):
+            return {"$": "method", "id": value.rid, "name": value.name}
         sub = lambda item: self.encode(item, _depth=_depth + 1, _count=count)  # noqa: E731
         if isinstance(value, torch.Tensor) and type(value) in (torch.Tensor, torch.nn.Parameter):
             if tensors_by_ref:
@@ -683,6 +719,14 @@ class Channel:
             if klass is None:
                 raise ProtocolError("an unknown class")
             return klass
+        if tag == "method":
+            rid, name = data.get("id"), data.get("name")
+            if not isinstance(rid, int) or not isinstance(name, str):
+                raise ProtocolError("a bad method")
+            key = (rid, name)
+            if key not in self._methods:
+                self._methods[key] = RemoteMethod(self, rid, name)
+            return self._methods[key]
         if tag == "back":
             if data.get("id") not in self._exports:
                 raise ProtocolError("a reference to an unknown object")
@@ -785,7 +829,13 @@ class Channel:
             method = getattr(self._target(message), name)
             return method(*args, **{str(k): v for k, v in kwargs.items()}), False
         if op == "getattr":
-            return getattr(self._target(message), self._check_name(message.get("name"))), True
+            target, name = self._target(message), self._check_name(message.get("name"))
+            value = getattr(target, name)
+            if (getattr(value, "__self__", None) is target and callable(value)
+                    and getattr(type(target), name, None) is not None
+                    and name not in getattr(target, "__dict__", {})):
+                return _MethodOf(message["target"], name), False  # a method of its class
+            return value, True
         if op == "setattr":
             setattr(self._target(message), self._check_name(message.get("name")),
                     decode(message.get("value")))

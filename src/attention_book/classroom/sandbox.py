@@ -265,8 +265,13 @@ def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iter
                           f"size={int(scratch_megabytes)}m,mode=1777".encode()), "scratch")
     for path in [*readable, *_DEVICES]:
         real = os.path.realpath(path)
-        if os.path.exists(real):
-            _bind(libc, real, root + real)
+        if not os.path.exists(real):
+            continue
+        _bind(libc, real, root + real)
+        link = os.path.abspath(path)
+        if link != real and os.path.islink(link) and not os.path.lexists(root + link):
+            os.makedirs(os.path.dirname(root + link), exist_ok=True)
+            os.symlink(os.readlink(link), root + link)  # /lib64 -> usr/lib64, as outside
     for path in hidden:
         target = root + os.path.realpath(path)
         if os.path.isdir(target):
