@@ -51,11 +51,11 @@ _BOOK_FILES = ("tests/test_book_build.py", "tests/test_browser.py",
 _ONE_GROUP_EACH = (
     "tests/test_code_paths.py::test_chapter_under_another_code_path_from_the_wheel_with_its_",
 )
-_SLOWEST_FIRST = (  # measured with --durations: each takes 1.5 to 5 minutes
+_SLOWEST_FIRST = (  # measured with --durations: each takes 1 to 5 minutes
     "book",
     "tests/test_classroom_scenario.py",
+    "tests/test_classroom_clean.py",
     "tests/test_jupyterhub.py",
-    "tests/test_assignments.py",
 )
 
 
