@@ -189,3 +189,17 @@ def test_a_silent_peer_times_out():
     trusted_sock, _answer_sock = socket.socketpair()
     with pytest.raises(TimeoutError):
         Channel(trusted_sock, trusted=True, timeout=0.2).request("get", name="x")
+
+
+def test_a_remote_callable_has_its_own_signature():
+    import inspect
+
+    def attend(x, mask=None, *, scale=1.0):
+        return x
+
+    _, get = answer_side({"Doubler": Doubler, "attend": attend})
+    assert list(inspect.signature(get("attend")).parameters) == ["x", "mask", "scale"]
+    layer = get("Doubler")()
+    assert list(inspect.signature(layer.forward).parameters) == ["x"]  # a method: no self
+    assert inspect.signature(get("attend")).parameters["mask"].default is not \
+        inspect.Parameter.empty

@@ -177,6 +177,10 @@ class Remote:
         return _resolve_class(self._meta.get("cls")) or type(self)
 
     @property
+    def __signature__(self):  # noqa: D105 - inspect.signature() reads it
+        return _signature(self._chan, self._rid, None)
+
+    @property
     def __bases__(self):  # noqa: D105 - issubclass() reads it for a remote class
         if self._meta.get("kind") != "class":
             raise AttributeError("__bases__")
@@ -389,8 +393,28 @@ class RemoteMethod:
                                   args=self._chan.encode(list(args)),
                                   kwargs=self._chan.encode(kwargs))
 
+    @property
+    def __signature__(self):  # noqa: D105 - inspect.signature() reads it
+        return _signature(self._chan, self._rid, self._name)
+
     def __repr__(self):
         return f"<remote method {self._name}>"
+
+
+def _signature(chan: Channel, rid: int, name: str | None):
+    """The remote callable's signature (its parameters' names, kinds and defaults' presence)."""
+    import inspect
+
+    described = chan.request("signature", target=rid, name=name)
+    if described is None:
+        raise ValueError("no signature found for the remote callable")
+    parameters = []
+    for item in described:
+        pname, kind, has_default = item
+        parameters.append(inspect.Parameter(
+            str(pname), inspect._ParameterKind(int(kind)),
+            default=None if has_default else inspect.Parameter.empty))
+    return inspect.Signature(parameters)
 
 
 def _materialise(value):
@@ -871,6 +895,19 @@ class Channel:
             return str(self._target(message))[:5000], False
         if op == "format":
             return format(self._target(message), str(message.get("spec", "")))[:5000], False
+        if op == "signature":
+            import inspect
+
+            target = self._target(message)
+            name = message.get("name")
+            if name is not None:
+                target = getattr(target, self._check_name(name))
+            try:
+                signature = inspect.signature(target)
+            except (TypeError, ValueError):
+                return None, False
+            return [[p.name, int(p.kind), p.default is not p.empty]
+                    for p in signature.parameters.values()], False
         if op == "dir":
             names = dir(self._target(message))
             return [n for n in names if not (self.trusted and n.startswith("__"))], False
