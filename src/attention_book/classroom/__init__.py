@@ -36,13 +36,12 @@ Not taught in a chapter: chapter 0 shows the exercise format, the instructor gui
 
 from __future__ import annotations
 
-from .clean import ExerciseResult, Limits, grade_submission
+from .clean import ExerciseResult, Limits, grade_submissions
 from .cli import main
 from .course import (
     COURSE_ID,
     CourseBuild,
     NbgraderError,
-    autograded_scores,
     build_assignments,
     check_course_dir,
     generate_assignments,
@@ -94,7 +93,7 @@ __all__ = [
     "export_grades",
     "exercise_of",
     "exercise_scores",
-    "grade_submission",
+    "grade_submissions",
     "nbgrader_errors",
     "read_flags",
     "released_assignments",
@@ -111,7 +110,6 @@ __all__ = [
     "ExerciseSummary",
     "chapter_number",
     "main",
-    "autograded_scores",
     "build_assignments",
     "exercise_format_problems",
     "find_chapters",

@@ -20,10 +20,10 @@ An answer that calls a function the exercise forbids (the prompt cell's
 the sandbox refuses (reading the course, writing files, starting processes) scores 0 on that
 exercise with the reason, and the grader records a flag.
 
-:func:`grade_submission` grades one notebook (the answer processes are forked from the
-grading process before it reads the hidden tests, one per exercise); ``python -m
-attention_book.classroom.clean`` is that grading process (it reads a job as JSON on stdin
-and writes the results as JSON on stdout).
+:func:`grade_submissions` grades the notebooks of a class with one grading process: a
+zygote forked from it before it reads the hidden tests forks one answer process per
+exercise. ``python -m attention_book.classroom.clean`` is that grading process (it reads a
+job as JSON on stdin and writes the results as JSON on stdout).
 
 Not taught in a chapter: the instructor guide (``instructor_guide.md``) explains grading.
 """
@@ -52,7 +52,7 @@ from .format import BEGIN_HIDDEN, END_HIDDEN, prompt_match
 from .remote import Channel, ChannelClosed, ProtocolError
 
 __all__ = ["Answer", "CellResult", "Exercise", "ExerciseResult", "GradeCell", "Limits",
-           "chapter_setup", "grade_many", "grade_submission", "grade_submissions", "read_answers",
+           "chapter_setup", "grade_many", "grade_submissions", "read_answers",
            "read_exercises"]
 
 _GRADE_ID = re.compile(r"^(?P<key>ch\d+-ex\d+)-")
@@ -1003,26 +1003,6 @@ def grade_many(requests: list[tuple[object, dict[str, object]]], *,
         index, student = key.split("\t", 1)
         results[int(index)][student] = _results(items)
     return results, bool(data.get("jailed"))
-
-
-def grade_submission(source_notebook, submission, *, limits: Limits | None = None,
-                     use_jail: bool = True, timeout: float | None = None) -> tuple[
-                         list[ExerciseResult], bool]:
-    """Grade one submitted notebook (see :func:`grade_submissions`).
-
-    Args:
-        source_notebook: the instructor notebook.
-        submission: the student's notebook (a path, or a dict).
-        limits: the limits of each answer process.
-        use_jail: use the private file view where the machine allows it.
-        timeout: seconds for everything.
-
-    Returns:
-        ``(results, jailed)``.
-    """
-    results, jailed = grade_submissions(source_notebook, {"student": submission},
-                                        limits=limits, use_jail=use_jail, timeout=timeout)
-    return results["student"], jailed
 
 
 if __name__ == "__main__":

@@ -498,26 +498,3 @@ def build_assignments(root: str | os.PathLike, course_dir: str | os.PathLike,
                                 f"solution text: {leaks[:5]}")
     return build
 
-
-def autograded_scores(course_dir: str | os.PathLike, assignment: str,
-                      student: str) -> dict[str, tuple[float | None, float]]:
-    """Read one student's autograded cells of one assignment from the gradebook.
-
-    Args:
-        course_dir: the course folder (its ``gradebook.db``).
-        assignment: the assignment id; its single notebook has the same name.
-        student: the student id.
-
-    Returns:
-        ``{grade_id: (auto_score, max_score)}`` for every autograded (code) cell.
-    """
-    from nbgrader.api import Gradebook
-
-    db_url = f"sqlite:///{Path(course_dir).resolve() / 'gradebook.db'}"
-    with Gradebook(db_url) as gradebook:
-        notebook = gradebook.find_submission_notebook(assignment, assignment, student)
-        return {
-            grade.name: (grade.auto_score, float(grade.max_score))
-            for grade in notebook.grades
-            if grade.cell.cell_type == "code"
-        }

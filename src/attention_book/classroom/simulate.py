@@ -2,9 +2,9 @@
 
 Everything is derived from the instructor notebook, so a rehearsal (or a test) keeps
 working when a chapter's exercises change: the right answer is the solution region of each
-answer cell; a subtle mistake wraps that solution so its result is 10 % off; a cheat edits
-a check cell, rebinds a checker, patches the feedback helpers, deletes a check cell or
-hard-codes the value that the checker's first visible test expects.
+answer cell (:func:`code_exercises`), a blank one the student version's stub
+(:func:`blank_answers`), and a cheat rebinds a checker (:func:`rebind_checkers`) or patches
+the feedback helpers (:data:`PATCH_HELPERS`).
 
 Not taught in a chapter: the instructor guide (``instructor_guide.md``) mentions rehearsals.
 """
@@ -12,9 +12,6 @@ Not taught in a chapter: the instructor guide (``instructor_guide.md``) mentions
 from __future__ import annotations
 
 import ast
-import contextlib
-import copy
-import io
 import re
 from dataclasses import dataclass
 
@@ -143,154 +140,6 @@ def written_answers(instructor) -> dict[str, str]:
     return {_meta(cell)["grade_id"]: cell.source for cell in instructor.cells
             if cell.cell_type == "markdown" and _meta(cell).get("solution")
             and _meta(cell).get("grade")}
-
-
-def mistaken(exercise: CodeExercise) -> str:
-    """A plausible wrong answer: the right one, with every number it returns 10 % too large.
-
-    Args:
-        exercise: an exercise whose solution defines exactly one function.
-
-    Returns:
-        The answer cell's source.
-
-    Raises:
-        ValueError: the solution does not define exactly one function.
-    """
-    tree = ast.parse(exercise.solution)
-    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
-    if len(functions) != 1:
-        raise ValueError(f"{exercise.exercise}: a mistake needs a solution with one function, "
-                         f"got {[f.name for f in functions]}")
-    name = functions[0].name
-    return (f"{exercise.solution}\n\n\n_first_try = {name}\n\n\n"
-            f"def {name}(*args, **kwargs):\n"
-            "    import torch as _torch\n\n"
-            "    def _off(value):\n"
-            "        if _torch.is_tensor(value) and value.is_floating_point():\n"
-            "            return value * 1.1\n"
-            "        if isinstance(value, int | float) and not isinstance(value, bool):\n"
-            "            return value * 1.1 + 0.1\n"
-            "        if isinstance(value, list | tuple):\n"
-            "            return type(value)(_off(item) for item in value)\n"
-            "        return value\n\n"
-            "    return _off(_first_try(*args, **kwargs))\n")
-
-
-def chapter_imports(instructor) -> str:
-    """The chapter's top-level import statements, from its code cells without nbgrader metadata.
-
-    Args:
-        instructor: the chapter notebook.
-
-    Returns:
-        Python source with one import per line.
-    """
-    lines = []
-    for cell in instructor.cells:
-        if cell.cell_type != "code" or _meta(cell):
-            continue
-        try:
-            tree = ast.parse(cell.source)
-        except SyntaxError:
-            continue
-        lines += [ast.unparse(node) for node in tree.body
-                  if isinstance(node, ast.Import | ast.ImportFrom)]
-    return "\n".join(dict.fromkeys(lines))
-
-
-def first_checked_value(exercise: CodeExercise, imports: str):
-    """The value the right answer returns on the checker's first call (what a cheat copies).
-
-    Runs the solution and the checker in this process, with the chapter's imports.
-
-    Args:
-        exercise: an exercise whose solution defines one function and whose check calls a
-            checker.
-        imports: the chapter's imports (:func:`chapter_imports`).
-
-    Returns:
-        The first return value (a tensor, or a tuple of tensors).
-    """
-    from .. import exercises as checkers
-
-    if len(exercise.functions) != 1 or not exercise.checkers:
-        raise ValueError(f"{exercise.exercise}: needs one function and a checker")
-    namespace: dict = {}
-    code = compile(imports + "\n" + exercise.solution, f"<{exercise.answer_id}>", "exec")
-    exec(code, namespace)  # noqa: S102 - the instructor's own solution
-    function = namespace[exercise.functions[0]]
-    calls = []
-
-    def spy(*args, **kwargs):
-        result = function(*args, **kwargs)
-        calls.append(result)
-        return result
-
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(AssertionError):
-        getattr(checkers, exercise.checkers[0])(spy)
-    if not calls:
-        raise ValueError(f"{exercise.exercise}: {exercise.checkers[0]} never called the answer")
-    return calls[0]
-
-
-def hard_coded(exercise: CodeExercise, imports: str) -> str:
-    """A cheat: the function ignores its input and returns the first checked value.
-
-    Args:
-        exercise: as for :func:`first_checked_value`.
-        imports: the chapter's imports.
-
-    Returns:
-        The answer cell's source.
-    """
-    import torch
-
-    value = first_checked_value(exercise, imports)
-    function = next(node for node in ast.parse(exercise.solution).body
-                    if isinstance(node, ast.FunctionDef))
-
-    def literal(item) -> str:
-        if torch.is_tensor(item):
-            return f"torch.tensor({item.tolist()!r}, dtype={item.dtype})"
-        return repr(item)
-
-    body = (f"({', '.join(literal(v) for v in value)},)" if isinstance(value, tuple)
-            else literal(value))
-    return (f"import torch\n\n\ndef {function.name}({ast.unparse(function.args)}):\n"
-            f"    return {body}\n")
-
-
-def notebook_with(release, answers: dict[str, str] | None = None,
-                  checks: dict[str, str | None] | None = None, append: list[str] | None = None):
-    """A copy of the student version with some cells changed, as a student hands it in.
-
-    Args:
-        release: the student version (``nbformat``).
-        answers: grade id of an answer cell -> its new source.
-        checks: grade id of a locked cell -> new source, or ``None`` to delete the cell.
-        append: sources of scratch code cells added at the end.
-
-    Returns:
-        The new notebook.
-    """
-    import nbformat
-
-    answers, checks = answers or {}, checks or {}
-    notebook = copy.deepcopy(release)
-    cells = []
-    for cell in notebook.cells:
-        grade_id = _meta(cell).get("grade_id")
-        if grade_id in checks:
-            if checks[grade_id] is None:
-                continue
-            cell.source = checks[grade_id]
-        elif grade_id in answers:
-            cell.source = answers[grade_id]
-        cells.append(cell)
-    cells += [nbformat.v4.new_code_cell(source) for source in append or []]
-    notebook.cells = cells
-    return notebook
 
 
 PATCH_HELPERS = ("import torch\n"
