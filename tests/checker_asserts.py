@@ -1,7 +1,7 @@
 """What a checker's test asserts about its feedback, shared by the chapters' checker tests.
 
 Checkers print ``Correct: …`` and return True, or print ``Not yet. …`` with one
-``expected:``, ``actual:`` and ``hint:`` line each and return False (``_feedback.py``).
+``expected:``, ``actual:`` and ``hint:`` line each and return False (``exercises/feedback.py``).
 """
 
 from __future__ import annotations

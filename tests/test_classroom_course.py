@@ -155,7 +155,7 @@ def test_feedback_tracebacks_keep_the_notebook_and_lose_the_package():
     message = "Not yet: f(2) is 4\n  expected: 4\n  actual:   5"
     frames = ["Cell In[7], line 1\n----> 1 check_f(f)\n      2 ### BEGIN HIDDEN TESTS\n"
               "      3 _y = f(3)",
-              "File /opt/venv/lib/python3.11/site-packages/attention_book/exercises/_feedback.py:33,"
+              "File /opt/venv/lib/python3.11/site-packages/attention_book/exercises/feedback.py:33,"
               " in fail\n---> 33 raise ExerciseFailure(message)"]
     visible = _error_cell(source, 7, frames, "ExerciseFailure", message, printed=message + "\n")
     hidden = _error_cell(source, 8, ["Cell In[8], line 4\n----> 4 assert _y == 9"],
@@ -166,7 +166,7 @@ def test_feedback_tracebacks_keep_the_notebook_and_lose_the_package():
     first = notebook.cells[0].outputs[-1]["traceback"]
     text = "\n".join(first)
     assert "check_f(f)" in text and "_y = f(3)" not in text and "HIDDEN" not in text
-    assert "/opt/venv" not in text and "_feedback.py" not in text
+    assert "/opt/venv" not in text and "exercises/feedback.py" not in text
     assert first[-1] == "ExerciseFailure: see the message printed above"
     assert notebook.cells[0].source.splitlines() == ["check_f(f)", HIDDEN_NOTE]
     second = notebook.cells[1].outputs[-1]["traceback"]

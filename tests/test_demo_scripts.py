@@ -21,8 +21,8 @@ import torch
 
 from attention_book.data import encode_splits, load_ambiguity_dataset
 from attention_book.demos import CLEAR_FOCUS, export_classifier, read_sentence
-from attention_book.demos._common import _asset
 from attention_book.demos.ambiguity import _cue_words
+from attention_book.demos.page import asset
 from attention_book.train import AttentionClassifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def test_the_assets_are_package_data():
             "mask_editor.js", "query_picker.js"} <= set(files)
     for name in files:
         assert any(fnmatch(f"assets/{name}", pattern) for pattern in patterns), name
-        assert _asset(name) == (ASSETS / name).read_text(encoding="utf-8")
+        assert asset(name) == (ASSETS / name).read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -91,7 +91,7 @@ def test_the_model_script_reads_as_pytorch_does():
     model = AttentionClassifier(len(vocab), len(labels), dtype=torch.float64).eval()
     data = {"model": export_classifier(model, vocab, labels), "cues": _cue_words(labels, None),
             "focus": CLEAR_FOCUS}
-    program = _asset("common.js") + _asset("ambiguity.js") + _RUN_MODEL
+    program = asset("common.js") + asset("ambiguity.js") + _RUN_MODEL
     result = subprocess.run([_node(), "-e", program], capture_output=True, text=True,
                             input=json.dumps({"data": data, "sentences": SENTENCES}))
     assert result.returncode == 0, result.stderr

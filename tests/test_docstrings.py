@@ -19,9 +19,10 @@ TENSOR_MODULES = {"attention", "modules", "flash", "kv_cache", "positions", "lat
 
 def _public_objects():
     for info in pkgutil.iter_modules(attention_book.__path__):
-        # benchmark and classroom are tools for maintainers and instructors, not taught code.
+        # benchmark, classroom and figure_check are tools for maintainers and instructors, not
+        # taught code.
         # A package (diagnose, exercises) is checked through the names its __init__ exports.
-        if info.name.startswith("_") or info.name in ("benchmark", "classroom"):
+        if info.name.startswith("_") or info.name in ("benchmark", "classroom", "figure_check"):
             continue
         module = importlib.import_module(f"attention_book.{info.name}")
         for name in getattr(module, "__all__", []):

@@ -1,4 +1,4 @@
-"""Chapter 0's checker, and the feedback conventions every checker shares (``_feedback``)."""
+"""Chapter 0's checker, and the feedback conventions every checker shares (``exercises/feedback.py``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The figure check: overlapping text in a figure is found, and fails the cell that shows it.
 
-``attention_book._figure_check.text_overlaps`` lists the overlaps of one figure; the backend
+``attention_book.figure_check.text_overlaps`` lists the overlaps of one figure; the backend
 ``attention_book._figure_check_inline``, which the top-level ``conftest.py`` gives every kernel
 the tests start, raises in the cell that shows such a figure, so strict nbval fails on it.
 """
@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from attention_book._figure_check import (  # noqa: E402
+from attention_book.figure_check import (  # noqa: E402
     FigureTextOverlapError,
     check_figure,
     text_overlaps,

@@ -20,7 +20,7 @@ What runs (all on 127.0.0.1, everything removed afterwards, also when the test f
 Student A hands in the instructor's solutions. Student B hands in, exercise by exercise,
 a correct answer plus a scratch line ``inputs = torch.randn(2, 3)`` (trial D2: full marks),
 a rebound checker with no code (trial D1/F: 0), and a correct answer with patched
-``_feedback.fail`` and ``torch.testing.assert_close`` (trial D1: 0 and flagged: the answer
+``feedback.fail`` and ``torch.testing.assert_close`` (trial D1: 0 and flagged: the answer
 imports the checkers' module).
 The exported scores per exercise are asserted exactly.
 

@@ -5,8 +5,8 @@ for everything the tests start, so the kernels that nbval runs the chapters in u
 backend; a reader's Jupyter, ``make execute`` and the website never see it. It is
 matplotlib-inline's backend (``matplotlib_inline.backend_inline``: same canvas, same PNGs, same
 settings), except that before a figure is shown (``plt.show()``, or at the end of the cell) it
-runs :func:`attention_book._figure_check.check_figure`: a figure with overlapping text raises
-:class:`~attention_book._figure_check.FigureTextOverlapError` in its cell, listing the overlaps,
+runs :func:`attention_book.figure_check.check_figure`: a figure with overlapping text raises
+:class:`~attention_book.figure_check.FigureTextOverlapError` in its cell, listing the overlaps,
 so strict nbval fails on it. The figure is then closed, not shown.
 """
 
@@ -22,7 +22,7 @@ from matplotlib_inline.backend_inline import (  # noqa: F401 - the backend API m
     new_figure_manager_given_figure,
 )
 
-from ._figure_check import check_figure
+from .figure_check import check_figure
 
 BACKEND = "module://attention_book._figure_check_inline"
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .checks import check_mask, check_positive_int, check_qkv, require_float
+
 __all__ = [
     "softmax",
     "scaled_dot_product_attention",
@@ -20,66 +22,6 @@ __all__ = [
     "sliding_window_mask",
     "softmax_with_sink",
 ]
-
-
-def _require_float(name: str, tensor: torch.Tensor) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if not tensor.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating-point tensor, got dtype {tensor.dtype}; "
-            f"convert it with {name}.float()"
-        )
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-
-
-def _check_mask(mask: torch.Tensor, scores_shape: torch.Size) -> None:
-    """Raise unless ``mask`` is boolean and broadcasts to ``scores_shape`` unchanged."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(f"mask must be a boolean tensor (True = may attend), got {got}")
-    try:
-        target = torch.broadcast_shapes(mask.shape, scores_shape)
-    except RuntimeError:
-        target = None
-    if target != scores_shape:
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention "
-            f"scores of shape {tuple(scores_shape)} (..., T_q, T_k)"
-        )
-
-
-def _check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Size:
-    """Validate query/key/value for attention and return their broadcast leading dims."""
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        _require_float(name, tensor)
-        if tensor.dim() < 2:
-            raise ValueError(
-                f"{name} must have at least 2 dims (..., T, d), got shape {tuple(tensor.shape)}"
-            )
-    if query.size(-1) != key.size(-1):
-        raise ValueError(
-            f"query and key must have the same feature size d_k: query has {query.size(-1)} "
-            f"(shape {tuple(query.shape)}), key has {key.size(-1)} (shape {tuple(key.shape)})"
-        )
-    if key.size(-2) != value.size(-2):
-        raise ValueError(
-            f"key and value must have the same length T_k: key has {key.size(-2)} "
-            f"(shape {tuple(key.shape)}), value has {value.size(-2)} (shape {tuple(value.shape)})"
-        )
-    try:
-        return torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"the leading (batch) dims do not broadcast: query {tuple(query.shape)}, "
-            f"key {tuple(key.shape)}, value {tuple(value.shape)}"
-        ) from None
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -103,7 +45,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Taught in chapter 2.
     """
-    _require_float("x", x)
+    require_float("x", x)
     row_max = x.amax(dim=dim, keepdim=True)
     # A slice of all -inf has max -inf; -inf - (-inf) is NaN, so shift by 0 there.
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
@@ -121,7 +63,7 @@ def _sink_column(sink_logit: float | torch.Tensor, rows: torch.Tensor) -> torch.
     shared by all the query rows, and must broadcast to ``rows.shape[:-2]``.
     """
     if isinstance(sink_logit, torch.Tensor):
-        _require_float("sink_logit", sink_logit)
+        require_float("sink_logit", sink_logit)
         sink = sink_logit.to(dtype=rows.dtype, device=rows.device)
     elif isinstance(sink_logit, (int, float)) and not isinstance(sink_logit, bool):
         sink = torch.tensor(float(sink_logit), dtype=rows.dtype, device=rows.device)
@@ -177,7 +119,7 @@ def softmax_with_sink(
 
     Taught in chapter 13.
     """
-    _require_float("scores", scores)
+    require_float("scores", scores)
     if scores.dim() == 0:
         raise ValueError("scores must have at least one dim to normalise, got a 0-d tensor")
     rows = scores.movedim(dim, -1)  # (..., T_q, n)
@@ -271,7 +213,7 @@ def sliding_window_mask(
     Taught in chapter 13.
     """
     num_keys = _mask_sizes(num_queries, num_keys)
-    _check_positive_int("window", window)
+    check_positive_int("window", window)
     positions = torch.arange(num_queries, device=device) + (num_keys - num_queries)  # (T_q,)
     keys = torch.arange(num_keys, device=device)  # (T_k,)
     distance = positions.unsqueeze(1) - keys.unsqueeze(0)  # (T_q, T_k): how far back key j is
@@ -353,7 +295,7 @@ def scaled_dot_product_attention(
 
     Taught in chapters 2-6 (scores, scaling, masks, dropout; the sink in chapter 13).
     """
-    _check_qkv(query, key, value)
+    check_qkv(query, key, value)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if not 0.0 <= dropout_p < 1.0:
@@ -365,7 +307,7 @@ def scaled_dot_product_attention(
 
     allowed = None
     if mask is not None:
-        _check_mask(mask, attn_scores.shape)
+        check_mask(mask, attn_scores.shape)
         allowed = mask
     if is_causal:
         causal = causal_mask(query.size(-2), key.size(-2), device=query.device)  # (T_q, T_k)

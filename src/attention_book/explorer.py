@@ -30,7 +30,7 @@ from collections import OrderedDict
 
 import torch
 
-from ._ids import _check_element_id
+from .checks import check_element_id
 from .viz import head_view, plot_attention
 
 __all__ = ["DEFAULT_SENTENCE", "VIEWS", "ALL_HEADS", "AttentionExplorer", "explore"]
@@ -154,7 +154,7 @@ class AttentionExplorer:
         self._check_head(head)
         if view not in VIEWS:
             raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
-        _check_element_id(element_id)
+        check_element_id(element_id)
         if live not in (None, True, False):
             raise TypeError(f"live must be None, True or False, got {live!r}")
         self.layer, self.head, self.view = layer, head, view

@@ -21,7 +21,8 @@ import math
 
 import torch
 
-from .attention import _check_positive_int, _check_qkv, _require_float, _sink_column
+from .attention import _sink_column
+from .checks import check_positive_int, check_qkv, require_float
 
 __all__ = ["online_softmax_update", "online_softmax", "tile_plan", "tiled_attention"]
 
@@ -66,7 +67,7 @@ def online_softmax_update(
     """
     for name, tensor in (("running_max", running_max), ("running_sum", running_sum),
                          ("scores", scores)):
-        _require_float(name, tensor)
+        require_float(name, tensor)
     if scores.dim() < 1 or running_max.shape != scores.shape[:-1] or (
         running_sum.shape != running_max.shape
     ):
@@ -105,7 +106,7 @@ def online_softmax(x: torch.Tensor, dim: int = -1, *, block_size: int = 1) -> to
 
     Taught in chapter 10.
     """
-    _require_float("x", x)
+    require_float("x", x)
     _check_block_size(block_size)
     if x.dim() == 0:
         raise ValueError("x must have at least one dim to normalise, got a 0-d tensor")
@@ -137,7 +138,7 @@ def _tile_kind(q_start: int, q_end: int, k_start: int, k_end: int, offset: int,
 
 def _check_window(window: object) -> None:
     if window is not None:
-        _check_positive_int("window", window)
+        check_positive_int("window", window)
 
 
 def tile_plan(num_queries: int, num_keys: int, block_size: int, *,
@@ -235,7 +236,7 @@ def tiled_attention(
     """
     _check_block_size(block_size)
     _check_window(window)
-    lead = _check_qkv(query, key, value)
+    lead = check_qkv(query, key, value)
 
     num_queries, d_k = query.shape[-2:]
     num_keys, d_v = value.shape[-2:]

@@ -146,11 +146,11 @@ def previous_token_scores(
     tokens = _check_tokens(tokens)
     if not isinstance(at_targets, bool):
         raise TypeError(f"at_targets must be a bool, got {type(at_targets).__name__}")
-    keys = _target_keys(induction_targets(tokens)) if at_targets else None
-    return _previous_token_scores(_attention_weights(model, tokens), keys)
+    keys = target_keys(induction_targets(tokens)) if at_targets else None
+    return previous_token_scores_of_weights(_attention_weights(model, tokens), keys)
 
 
-def _target_keys(targets: torch.Tensor) -> torch.Tensor:
+def target_keys(targets: torch.Tensor) -> torch.Tensor:
     """The positions that some query targets, from targets ``(B, T, T)`` -> ``(B, T)``."""
     keys = targets.any(dim=1)  # (B, T)
     if not bool(keys.any()):
@@ -161,7 +161,7 @@ def _target_keys(targets: torch.Tensor) -> torch.Tensor:
     return keys
 
 
-def _previous_token_scores(weights: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+def previous_token_scores_of_weights(weights: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
     """``previous_token_scores`` from weights ``(L, B, H, T, T)`` -> ``(L, H)``.
 
     ``keys`` ``(B, T)``, if given, picks the query positions to average over.
@@ -195,10 +195,10 @@ def induction_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     Taught in chapter 15.
     """
     targets = induction_targets(tokens)  # (B, T, T)
-    return _induction_scores(_attention_weights(model, tokens), targets)
+    return induction_scores_of_weights(_attention_weights(model, tokens), targets)
 
 
-def _induction_scores(weights: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def induction_scores_of_weights(weights: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``induction_scores`` from weights ``(L, B, H, T, T)`` and targets ``(B, T, T)``."""
     has_target = targets.any(dim=-1)  # (B, T)
     if not bool(has_target.any()):
@@ -360,8 +360,8 @@ def find_heads(model: nn.Module, tokens: torch.Tensor, threshold: float = 0.5) -
         raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r}")
     targets = induction_targets(tokens)  # (B, T, T)
     weights = _attention_weights(model, tokens)  # (L, B, H, T, T)
-    return HeadReport(_previous_token_scores(weights, _target_keys(targets)).cpu(),
-                      _induction_scores(weights, targets).cpu(), float(threshold))
+    return HeadReport(previous_token_scores_of_weights(weights, target_keys(targets)).cpu(),
+                      induction_scores_of_weights(weights, targets).cpu(), float(threshold))
 
 
 def _identity_norm(norm: nn.LayerNorm, num_ones: int) -> None:

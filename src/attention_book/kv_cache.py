@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import _check_positive_int, _require_float
+from .checks import check_positive_int, require_float
 
 __all__ = ["KVCache", "kv_cache_bytes"]
 
@@ -47,7 +47,7 @@ class KVCache:
     """
 
     def __init__(self, max_length: int):
-        _check_positive_int("max_length", max_length)
+        check_positive_int("max_length", max_length)
         self.max_length = max_length
         self.keys: torch.Tensor | None = None  # (..., num_kv_heads, max_length, d_k)
         self.values: torch.Tensor | None = None  # (..., num_kv_heads, max_length, d_v)
@@ -98,14 +98,14 @@ class KVCache:
                 " at every update, as at the first one"
             )
         if values is None:
-            _require_float("keys", keys)
+            require_float("keys", keys)
             if keys.dim() < 3:
                 raise ValueError(
                     f"keys must have shape (..., heads, T_new, d), got {tuple(keys.shape)}"
                 )
             return self._append(keys, None)
         for name, tensor in (("keys", keys), ("values", values)):
-            _require_float(name, tensor)
+            require_float(name, tensor)
             if tensor.dim() < 3:
                 raise ValueError(
                     f"{name} must have shape (..., heads, T_new, d), got {tuple(tensor.shape)}"
@@ -198,7 +198,7 @@ def kv_cache_bytes(
              "head_dim": head_dim, "context_length": context_length,
              "bytes_per_element": bytes_per_element}
     for name, value in sizes.items():
-        _check_positive_int(name, value)
+        check_positive_int(name, value)
     return 2 * num_layers * batch_size * num_kv_heads * context_length * head_dim * (
         bytes_per_element
     )

@@ -26,13 +26,12 @@ import torch
 from torch import nn
 
 from .attention import (
-    _check_mask,
-    _check_positive_int,
     causal_mask,
     scaled_dot_product_attention,
 )
+from .checks import check_dropout, check_layer_input, check_mask, check_positive_int
 from .kv_cache import KVCache
-from .modules import _check_cache, _check_dropout, _check_input, _fused_with_sink, _split_heads
+from .modules import _check_cache, _fused_with_sink, _split_heads
 
 __all__ = ["MultiHeadLatentAttention"]
 
@@ -93,10 +92,10 @@ class MultiHeadLatentAttention(nn.Module):
         super().__init__()
         for name, value in (("d_in", d_in), ("d_out", d_out), ("num_heads", num_heads),
                             ("latent_dim", latent_dim)):
-            _check_positive_int(name, value)
+            check_positive_int(name, value)
         if context_length is not None:
-            _check_positive_int("context_length", context_length)
-        _check_dropout(dropout)
+            check_positive_int("context_length", context_length)
+        check_dropout(dropout)
         if d_out % num_heads != 0:
             raise ValueError(f"d_out ({d_out}) must be divisible by num_heads ({num_heads})")
         if backend not in ("naive", "sdpa"):
@@ -170,7 +169,7 @@ class MultiHeadLatentAttention(nn.Module):
         both give the same output and weights. ``mask`` broadcasts to
         ``(..., num_heads, T, T_k)``.
         """
-        num_tokens = _check_input(x, self.d_in, self.context_length)
+        num_tokens = check_layer_input(x, self.d_in, self.context_length)
         if not isinstance(absorb, bool):
             raise TypeError(f"absorb must be a bool, got {type(absorb).__name__}")
         num_keys = num_tokens
@@ -183,7 +182,7 @@ class MultiHeadLatentAttention(nn.Module):
             )
         lead = x.shape[:-2]
         if mask is not None:
-            _check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
+            check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
 
         # (..., num_heads, T, head_dim)
         queries = _split_heads(self.W_query(x), self.num_heads, self.head_dim)

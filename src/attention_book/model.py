@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import _check_positive_int
+from .checks import check_dropout, check_positive_int
 from .kv_cache import KVCache
-from .modules import MultiHeadAttention, _check_dropout
+from .modules import MultiHeadAttention
 
 __all__ = ["TransformerBlock", "TinyGPT", "gpt_parameter_count"]
 
@@ -73,9 +73,9 @@ class TransformerBlock(nn.Module):
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
-        _check_positive_int("d_model", d_model)
-        _check_positive_int("mlp_ratio", mlp_ratio)
-        _check_dropout(dropout)
+        check_positive_int("d_model", d_model)
+        check_positive_int("mlp_ratio", mlp_ratio)
+        check_dropout(dropout)
         factory = {"device": device, "dtype": dtype}
         self.d_model = d_model
         self.attention_only = attention_only
@@ -169,8 +169,8 @@ class TinyGPT(nn.Module):
             raise TypeError(f"rope must be a bool, got {type(rope).__name__}")
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("num_layers", num_layers), ("context_length", context_length)):
-            _check_positive_int(name, value)
-        _check_dropout(dropout)
+            check_positive_int(name, value)
+        check_dropout(dropout)
         factory = {"device": device, "dtype": dtype}
         self.vocab_size = vocab_size
         self.d_model = d_model
@@ -314,7 +314,7 @@ def gpt_parameter_count(
     """
     for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                         ("num_layers", num_layers), ("context_length", context_length)):
-        _check_positive_int(name, value)
+        check_positive_int(name, value)
     d = d_model
     per_block = 4 * d * d + 3 * d if attention_only else 12 * d * d + 10 * d
     positions = 0 if rope else context_length * d

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from .attention import _check_positive_int, _require_float
+from .checks import check_positive_int, require_float
 from .positions import alibi_slopes
 
 __all__ = [
@@ -79,7 +79,7 @@ def sliding_window(window: int) -> MaskRule:
 
     Taught in chapter 13.
     """
-    _check_positive_int("window", window)
+    check_positive_int("window", window)
 
     def allowed(b, h, q_idx, kv_idx):
         distance = q_idx - kv_idx
@@ -215,7 +215,7 @@ def materialize(
         num_keys = num_queries
     for name, value in (("batch_size", batch_size), ("num_heads", num_heads),
                         ("num_queries", num_queries), ("num_keys", num_keys)):
-        _check_positive_int(name, value)
+        check_positive_int(name, value)
     grids = _index_grids(batch_size, num_heads, num_queries, num_keys, device)
     allowed = torch.as_tensor(rule(*grids), device=device)
     if allowed.dtype != torch.bool:
@@ -290,7 +290,7 @@ def apply_score_mod(scores: torch.Tensor, score_mod: ScoreRule) -> torch.Tensor:
 
     Taught in chapter 13.
     """
-    _require_float("scores", scores)
+    require_float("scores", scores)
     if scores.dim() != 4:
         raise ValueError(f"scores must have shape (B, H, T_q, T_k), got {tuple(scores.shape)}")
     grids = _index_grids(*scores.shape, scores.device)

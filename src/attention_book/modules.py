@@ -17,15 +17,20 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from .attention import (
-    _check_mask,
-    _check_positive_int,
-    _require_float,
     _sink_column,
     causal_mask,
     scaled_dot_product_attention,
 )
+from .checks import (
+    check_base,
+    check_dropout,
+    check_layer_input,
+    check_mask,
+    check_positive_int,
+    require_float,
+)
 from .kv_cache import KVCache
-from .positions import _check_base, rotary_embedding
+from .positions import rotary_embedding
 
 __all__ = [
     "SelfAttention",
@@ -34,32 +39,6 @@ __all__ = [
     "MultiHeadAttention",
     "GroupedQueryAttention",
 ]
-
-
-def _check_dropout(dropout: object) -> None:
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-        raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
-
-
-def _check_input(x: torch.Tensor, d_in: int, context_length: int | None) -> int:
-    """Validate ``x`` of shape ``(..., T, d_in)`` and return ``T``."""
-    _require_float("x", x)
-    if x.dim() < 2:
-        raise ValueError(f"x must have shape (..., T, d_in), got shape {tuple(x.shape)}")
-    if x.size(-1) != d_in:
-        raise ValueError(
-            f"x has {x.size(-1)} features in its last dim (shape {tuple(x.shape)}) "
-            f"but the layer was built with d_in={d_in}"
-        )
-    num_tokens = x.size(-2)
-    if context_length is not None and num_tokens > context_length:
-        raise ValueError(
-            f"sequence length T={num_tokens} exceeds context_length={context_length} "
-            f"(x has shape {tuple(x.shape)})"
-        )
-    return num_tokens
 
 
 def _fused_with_sink(
@@ -117,8 +96,8 @@ class SelfAttention(nn.Module):
     def __init__(self, d_in: int, d_out: int, qkv_bias: bool = False, *,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
-        _check_positive_int("d_in", d_in)
-        _check_positive_int("d_out", d_out)
+        check_positive_int("d_in", d_in)
+        check_positive_int("d_out", d_out)
         self.d_in = d_in
         self.d_out = d_out
         factory = {"device": device, "dtype": dtype}
@@ -135,9 +114,9 @@ class SelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None = None, return_weights: bool = False
     ):
-        num_tokens = _check_input(x, self.d_in, getattr(self, "context_length", None))
+        num_tokens = check_layer_input(x, self.d_in, getattr(self, "context_length", None))
         if mask is not None:
-            _check_mask(mask, torch.Size((*x.shape[:-1], num_tokens)))
+            check_mask(mask, torch.Size((*x.shape[:-1], num_tokens)))
         queries = self.W_query(x)  # (..., T, d_out)
         keys = self.W_key(x)  # (..., T, d_out)
         values = self.W_value(x)  # (..., T, d_out)
@@ -185,8 +164,8 @@ class CausalSelfAttention(SelfAttention):
         dtype: torch.dtype | None = None,
     ):
         super().__init__(d_in, d_out, qkv_bias, device=device, dtype=dtype)
-        _check_positive_int("context_length", context_length)
-        _check_dropout(dropout)
+        check_positive_int("context_length", context_length)
+        check_dropout(dropout)
         self.context_length = context_length
         self.dropout_p = float(dropout)
         self.register_buffer("mask", causal_mask(context_length, device=device), persistent=False)
@@ -235,7 +214,7 @@ class MultiHeadAttentionWrapper(nn.Module):
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
-        _check_positive_int("num_heads", num_heads)
+        check_positive_int("num_heads", num_heads)
         self.heads = nn.ModuleList(
             CausalSelfAttention(d_in, d_out, context_length, dropout, qkv_bias,
                                 device=device, dtype=dtype)
@@ -293,13 +272,13 @@ class _HeadedAttention(nn.Module):
         sink: bool = False,
     ):
         super().__init__()
-        _check_positive_int("d_in", d_in)
-        _check_positive_int("d_out", d_out)
-        _check_positive_int("num_heads", num_heads)
-        _check_positive_int("num_kv_heads", num_kv_heads)
+        check_positive_int("d_in", d_in)
+        check_positive_int("d_out", d_out)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("num_kv_heads", num_kv_heads)
         if context_length is not None:
-            _check_positive_int("context_length", context_length)
-        _check_dropout(dropout)
+            check_positive_int("context_length", context_length)
+        check_dropout(dropout)
         if d_out % num_heads != 0:
             raise ValueError(f"d_out ({d_out}) must be divisible by num_heads ({num_heads})")
         if num_heads % num_kv_heads != 0:
@@ -312,7 +291,7 @@ class _HeadedAttention(nn.Module):
             raise TypeError(f"rope must be a bool, got {type(rope).__name__}")
         if not isinstance(sink, bool):
             raise TypeError(f"sink must be a bool, got {type(sink).__name__}")
-        rope_base = _check_base(rope_base)
+        rope_base = check_base(rope_base)
         if rope and (d_out // num_heads) % 2:
             raise ValueError(
                 f"rope=True turns pairs of features, so head_dim = d_out // num_heads = "
@@ -395,7 +374,7 @@ class _HeadedAttention(nn.Module):
                 "from the context, which is the same at every decoding step: pass it again "
                 "without a kv_cache"
             )
-        _require_float("context", context)
+        require_float("context", context)
         if context.dim() < 2 or context.size(-1) != self.d_in:
             raise ValueError(
                 f"context must have shape (..., T_ctx, d_in={self.d_in}), got shape "
@@ -443,7 +422,7 @@ class _HeadedAttention(nn.Module):
         ``mask`` broadcasts to ``(..., num_heads, T, T_k)``, where ``T_k`` is the number
         of keys: ``T``, the tokens cached, or ``T_ctx``.
         """
-        num_tokens = _check_input(x, self.d_in, self.context_length)
+        num_tokens = check_layer_input(x, self.d_in, self.context_length)
         if context is not None:
             num_keys = self._check_context(context, x, kv_cache)
         elif kv_cache is not None:
@@ -457,7 +436,7 @@ class _HeadedAttention(nn.Module):
             )
         lead = x.shape[:-2]
         if mask is not None:
-            _check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
+            check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
 
         source = x if context is None else context  # (..., T_k, d_in): where keys come from
         # (..., num_heads, T, head_dim)

@@ -23,17 +23,11 @@ from collections.abc import Sequence
 
 import torch
 
-from .attention import _check_positive_int, _require_float
+from .checks import check_base, check_positive_int, require_float
 
 __all__ = ["rotary_embedding", "alibi_bias", "alibi_slopes"]
 
 
-def _check_base(base: object) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"base must be a float, got {type(base).__name__}")
-    if not math.isfinite(base) or base <= 0:
-        raise ValueError(f"base must be a positive number, got {base}")
-    return float(base)
 
 
 def _angle_dtype(device: torch.device) -> torch.dtype:
@@ -76,7 +70,7 @@ def rotary_embedding(
 
     Taught in chapter 12.
     """
-    _require_float("x", x)
+    require_float("x", x)
     if x.dim() < 2:
         raise ValueError(f"x must have shape (..., T, head_dim), got shape {tuple(x.shape)}")
     num_tokens, head_dim = x.shape[-2], x.shape[-1]
@@ -85,7 +79,7 @@ def rotary_embedding(
             f"rotary_embedding turns pairs of features, so head_dim ({head_dim}) must be even "
             f"(x has shape {tuple(x.shape)})"
         )
-    base = _check_base(base)
+    base = check_base(base)
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
     if positions is None:
@@ -142,7 +136,7 @@ def alibi_slopes(num_heads: int, *, device: torch.device | str | None = None) ->
 
     Taught in chapter 12.
     """
-    _check_positive_int("num_heads", num_heads)
+    check_positive_int("num_heads", num_heads)
 
     def power_of_two(count: int) -> list[float]:
         start = 2.0 ** (-8.0 / count)
@@ -188,7 +182,7 @@ def alibi_bias(
     if num_keys is None:
         num_keys = num_queries
     for name, value in (("num_queries", num_queries), ("num_keys", num_keys)):
-        _check_positive_int(name, value)
+        check_positive_int(name, value)
     slopes = alibi_slopes(num_heads, device=device)  # (num_heads,)
     query_positions = torch.arange(num_keys - num_queries, num_keys, device=device)  # (T_q,)
     key_positions = torch.arange(num_keys, device=device)  # (T_k,)

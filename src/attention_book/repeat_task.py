@@ -20,8 +20,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .heads import _induction_scores, _previous_token_scores, _target_keys, induction_targets
-from .train import _progress_bar, _threads
+from .heads import (
+    induction_scores_of_weights,
+    induction_targets,
+    previous_token_scores_of_weights,
+    target_keys,
+)
+from .train import cpu_threads, progress_bar
 
 __all__ = [
     "RepeatedSegments",
@@ -243,7 +248,7 @@ def train_on_repeats(
                                 "induction": []}
 
     probe_targets = induction_targets(probe.tokens)  # (B, T, T)
-    probe_keys = _target_keys(probe_targets)  # (B, T)
+    probe_keys = target_keys(probe_targets)  # (B, T)
     probe_mask = probe.loss_mask[:, :-1]  # (B, T - 1)
 
     @torch.no_grad()
@@ -257,11 +262,11 @@ def train_on_repeats(
         history["step"].append(step)
         history["loss"].append(repeat_loss(logits, probe).item())
         history["accuracy"].append(right[probe_mask].double().mean().item())
-        history["previous_token"].append(_previous_token_scores(weights, probe_keys).cpu())
-        history["induction"].append(_induction_scores(weights, probe_targets).cpu())
+        history["previous_token"].append(previous_token_scores_of_weights(weights, probe_keys).cpu())
+        history["induction"].append(induction_scores_of_weights(weights, probe_targets).cpu())
 
-    with _threads(num_threads):
-        bar = _progress_bar(steps, "steps", progress)
+    with cpu_threads(num_threads):
+        bar = progress_bar(steps, "steps", progress)
         record(0)
         for step in bar:
             batch = repeated_segments(batch_size, **sizes, offset=offset, generator=generator,

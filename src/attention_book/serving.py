@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import _check_positive_int, _require_float
+from .checks import check_positive_int, require_float
 from .model import TinyGPT
 from .positions import rotary_embedding
 
@@ -107,7 +107,7 @@ class PagedKVCache:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                             ("num_layers", num_layers)):
-            _check_positive_int(name, value)
+            check_positive_int(name, value)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         self.num_blocks = num_blocks
@@ -405,7 +405,7 @@ class PagedKVCache:
         self._append_many([seq_id], keys[None], values[None], layer)
 
     def _check_new_tokens(self, name: str, tensor: object, dims: int, layout: str) -> None:
-        _require_float(name, tensor)
+        require_float(name, tensor)
         expected = (self.num_kv_heads, self.head_dim)
         if tensor.dim() != dims or (tensor.size(-3), tensor.size(-1)) != expected:
             raise ValueError(
@@ -552,7 +552,7 @@ def paged_attention(queries: torch.Tensor, cache: PagedKVCache, seq_ids: Sequenc
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     seq_ids = _check_seq_ids(seq_ids)
     layer = cache._check_layer(layer)
-    _require_float("queries", queries)
+    require_float("queries", queries)
     if queries.dim() != 4:
         raise ValueError(f"queries must have shape (len(seq_ids), num_heads, T_new, head_dim), "
                          f"got {tuple(queries.shape)}")
@@ -798,10 +798,10 @@ class ContinuousBatcher:
     def __init__(self, model: TinyGPT, *, block_size: int = 16, num_blocks: int,
                  max_batch_size: int | None = None):
         self.model = _check_model(model)
-        _check_positive_int("block_size", block_size)
-        _check_positive_int("num_blocks", num_blocks)
+        check_positive_int("block_size", block_size)
+        check_positive_int("num_blocks", num_blocks)
         if max_batch_size is not None:
-            _check_positive_int("max_batch_size", max_batch_size)
+            check_positive_int("max_batch_size", max_batch_size)
         attention = model.blocks[0].attention
         parameter = next(model.parameters())
         self.cache = PagedKVCache(num_blocks, block_size, attention.num_kv_heads,
@@ -1018,7 +1018,7 @@ def generate_batch(model: TinyGPT, prompts: Sequence[torch.Tensor],
         counts = list(max_new_tokens)
     else:
         counts = [max_new_tokens] * len(prompts)
-    _check_positive_int("block_size", block_size)
+    check_positive_int("block_size", block_size)
     for index, prompt in enumerate(prompts):
         _check_tokens(model, prompt, f"prompts[{index}]")
         if prompt.dim() != 1 or prompt.numel() == 0:

@@ -289,13 +289,13 @@ def train_classifier(
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    with _threads(num_threads):
-        bar = _progress_bar(epochs, "epochs", progress)
+    with cpu_threads(num_threads):
+        bar = progress_bar(epochs, "epochs", progress)
         return _train(model, train_data, val_data, epochs, batch_size, lr, seed, bar)
 
 
 @contextmanager
-def _threads(num_threads: int | None):
+def cpu_threads(num_threads: int | None):
     """Run the block with ``num_threads`` torch threads (None: unchanged), then restore them."""
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
@@ -306,7 +306,7 @@ def _threads(num_threads: int | None):
         torch.set_num_threads(previous_threads)
 
 
-def _progress_bar(total: int, desc: str, progress: bool):
+def progress_bar(total: int, desc: str, progress: bool):
     """A tqdm range over ``total`` items, without elapsed time or rate, so that the text a
     notebook stores stays the same from run to run."""
     from tqdm.auto import trange

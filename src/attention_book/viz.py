@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._ids import _check_element_id
+from .checks import check_element_id
 
 __all__ = [
     "PIPELINE_STAGES", "plot_attention", "plot_attention_pipeline", "plot_heads", "head_view",
@@ -228,7 +228,7 @@ def _fixed_ids(html: str, element_id: str | None, kind: str, layers, tokens) -> 
             digest.update(layer.numpy().tobytes())
         element_id = f"{kind}-{digest.hexdigest()[:12]}"
     else:
-        _check_element_id(element_id)
+        check_element_id(element_id)
     if len(set(_BERTVIZ_ID.findall(html))) != 1:
         raise RuntimeError("unexpected bertviz output: could not find its one element id")
     # Keep bertviz's own prefix, so a page can still find every bertviz view by its id.

@@ -39,7 +39,7 @@ _LOOSE_PROMPT = re.compile(r"Exercise\s+\d+\.\d+\b[^\n]*\(\d+\s+points?\)")
 _GRADE_ID = re.compile(r"^ch(?P<chapter>\d{2})-ex(?P<number>\d+)-[a-z0-9-]+$")
 _BUILTINS = frozenset(dir(builtins))
 # What a hidden test must not touch: an answer cell could have replaced any of these.
-_UNTRUSTED = re.compile(r"\bcheck_\w+|attention_book\.exercises|\btesting\b|_feedback")
+_UNTRUSTED = re.compile(r"\bcheck_\w+|attention_book\.exercises|\btesting\b|exercises\.feedback|_feedback")
 
 
 # --------------------------------------------------------------------------- chapters

@@ -143,7 +143,7 @@ def written_answers(instructor) -> dict[str, str]:
 
 
 PATCH_HELPERS = ("import torch\n"
-                 "import attention_book.exercises._feedback as _fb\n"
+                 "import attention_book.exercises.feedback as _fb\n"
                  "_fb.fail = lambda *args, **kwargs: None\n"
                  "torch.testing.assert_close = lambda *args, **kwargs: None\n")
 

@@ -8,7 +8,7 @@ where no Python runs behind an ipywidget.
 
 One module per demo (``temperature``, ``mask_editor``, ``query_picker``, ``ambiguity``); the
 CSS and JavaScript are real files in ``assets/``, shipped with the package and read with
-``importlib.resources`` (``_common``). Every demo's root element carries the CSS class
+``importlib.resources`` (``page``). Every demo's root element carries the CSS class
 ``ab-demo`` and a ``data-demo`` attribute naming it; the part that changes has the class
 ``ab-demo-output``. Element ids derive from ``element_id`` only, so the stored notebook output
 is the same on every run. In a notebook whose scripts do not run (Jupyter does not run the

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from IPython.display import HTML
 
-from .._ids import _check_element_id
-from ._common import _RUN_HINT, _cell_background, _script, _style
+from ..checks import check_element_id
+from .page import RUN_HINT, cell_background, script, style
 
 __all__ = [
     "EXPORT_DECIMALS",
@@ -498,7 +498,7 @@ def _render_prediction(element_id: str, reading: SentenceReading, labels: Sequen
             label = (f'<span aria-hidden="true">★ </span>{label}'
                      '<span class="ab-sr-only"> (most attention)</span>')
         cells = "".join(
-            f'<td style="background:{_cell_background(w)}">{w:.2f}</td>'
+            f'<td style="background:{cell_background(w)}">{w:.2f}</td>'
             for w in [*reading.attention[:, t].tolist(), mean[t]])
         row_class = ' class="ab-attended"' if starred else ""
         weight_rows.append(f'<tr{row_class}><th scope="row">{label}</th>{cells}</tr>')
@@ -560,7 +560,7 @@ def ambiguity_demo(
 
     Taught in chapter 9.
     """
-    _check_element_id(element_id)
+    check_element_id(element_id)
     reading = read_sentence(model, vocab, labels, sentence, cues=cues)
     cue_words = _cue_words(labels, cues)
     payload = export_classifier(model, vocab, labels)
@@ -576,8 +576,8 @@ def ambiguity_demo(
 
     others = [w for w in known if w not in ambiguous]
     markup = (
-        f'{_style("ambiguity.css")}<div class="ab-demo ab-sentence-demo" id="{element_id}" '
-        f'data-demo="ambiguity"><p class="ab-demo-title">{html.escape(title)}</p>{_RUN_HINT}'
+        f'{style("ambiguity.css")}<div class="ab-demo ab-sentence-demo" id="{element_id}" '
+        f'data-demo="ambiguity"><p class="ab-demo-title">{html.escape(title)}</p>{RUN_HINT}'
         f'<label for="{input_id}">Your sentence (with {html.escape(", ".join(ambiguous))})</label>'
         f'<input type="text" class="ab-sentence-input" id="{input_id}" '
         f'value="{html.escape(sentence)}" autocomplete="off" spellcheck="false" '
@@ -593,4 +593,4 @@ def ambiguity_demo(
         f'<p class="ab-note">Other words: {chips(others)}</p></details></div>'
     )
     data = {"model": payload, "cues": cue_words, "focus": CLEAR_FOCUS}
-    return HTML(markup + _script(element_id, data, "ambiguity.js", "ambiguityDemo"))
+    return HTML(markup + script(element_id, data, "ambiguity.js", "ambiguityDemo"))

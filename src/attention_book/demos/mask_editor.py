@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import torch
 from IPython.display import HTML
 
-from .._ids import _check_element_id
 from ..attention import softmax
-from ._common import _RUN_HINT, _as_float_tensor, _cell_background, _check_tokens, _script, _style
+from ..checks import check_element_id
+from .page import RUN_HINT, as_float_tensor, cell_background, check_tokens, script, style
 
 __all__ = ["mask_editor_demo"]
 
@@ -44,12 +44,12 @@ def mask_editor_demo(
 
     Taught in chapter 5.
     """
-    _check_element_id(element_id)
-    scores = _as_float_tensor("scores", scores, 2)
+    check_element_id(element_id)
+    scores = as_float_tensor("scores", scores, 2)
     num_tokens = scores.size(0)
     if scores.size(1) != num_tokens:
         raise ValueError(f"scores must be square (T, T), got shape {tuple(scores.shape)}")
-    tokens = _check_tokens(tokens, num_tokens, "scores")
+    tokens = check_tokens(tokens, num_tokens, "scores")
     if mask is None:
         mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()
     mask = torch.as_tensor(mask)
@@ -75,14 +75,14 @@ def mask_editor_demo(
             )
         mask_rows.append(f'<tr><th scope="row">{html.escape(query)}</th>{"".join(cells)}</tr>')
         weight_cells = "".join(
-            f'<td id="{element_id}-w-{i}-{j}" style="background:{_cell_background(w)}">{w:.3f}</td>'
+            f'<td id="{element_id}-w-{i}-{j}" style="background:{cell_background(w)}">{w:.3f}</td>'
             for j, w in enumerate(weights[i].tolist())
         )
         weight_rows.append(f'<tr><th scope="row">{html.escape(query)}</th>{weight_cells}</tr>')
 
     markup = (
-        f'{_style()}<div class="ab-demo" id="{element_id}" data-demo="mask-editor">'
-        f'<p class="ab-demo-title">{html.escape(title)}</p>{_RUN_HINT}<div class="ab-side-by-side">'
+        f'{style()}<div class="ab-demo" id="{element_id}" data-demo="mask-editor">'
+        f'<p class="ab-demo-title">{html.escape(title)}</p>{RUN_HINT}<div class="ab-side-by-side">'
         f'<table><caption>Mask (1 = may attend)</caption>'
         f'<thead><tr><th scope="col">query</th>{header}</tr></thead>'
         f'<tbody>{"".join(mask_rows)}</tbody></table>'
@@ -94,4 +94,4 @@ def mask_editor_demo(
         "to 1, or to 0 when every key of that row is blocked.</p></div>"
     )
     data = {"scores": scores.tolist(), "mask": mask.tolist()}
-    return HTML(markup + _script(element_id, data, "mask_editor.js", "maskEditorDemo"))
+    return HTML(markup + script(element_id, data, "mask_editor.js", "maskEditorDemo"))

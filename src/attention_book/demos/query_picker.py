@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from IPython.display import HTML
 
-from .._ids import _check_element_id
 from ..attention import softmax
-from ._common import _RUN_HINT, _WEIGHT_HEADERS, _as_float_tensor, _check_tokens, _script, _style
+from ..checks import check_element_id
+from .page import RUN_HINT, WEIGHT_HEADERS, as_float_tensor, check_tokens, script, style
 
 __all__ = ["query_picker_demo"]
 
@@ -43,10 +43,10 @@ def query_picker_demo(
 
     Taught in chapter 2.
     """
-    _check_element_id(element_id)
-    inputs = _as_float_tensor("inputs", inputs, 2)
+    check_element_id(element_id)
+    inputs = as_float_tensor("inputs", inputs, 2)
     num_tokens = inputs.size(0)
-    tokens = _check_tokens(tokens, num_tokens, "inputs")
+    tokens = check_tokens(tokens, num_tokens, "inputs")
     if not 0 <= query_index < num_tokens:
         raise ValueError(f"query_index must lie in [0, {num_tokens}), got {query_index}")
     scores = inputs @ inputs[query_index]  # (T,)
@@ -64,8 +64,8 @@ def query_picker_demo(
     slider = f"{element_id}-slider"
     context_text = "[" + ", ".join(f"{v:.4f}" for v in context_vec.tolist()) + "]"
     markup = (
-        f'{_style()}<div class="ab-demo" id="{element_id}" data-demo="query-picker">'
-        f'<p class="ab-demo-title">{html.escape(title)}</p>{_RUN_HINT}'
+        f'{style()}<div class="ab-demo" id="{element_id}" data-demo="query-picker">'
+        f'<p class="ab-demo-title">{html.escape(title)}</p>{RUN_HINT}'
         f'<label for="{slider}">Query token</label>'
         f'<input type="range" id="{slider}" min="0" max="{num_tokens - 1}" step="1" '
         f'value="{query_index}"> '
@@ -73,10 +73,10 @@ def query_picker_demo(
         f'<div class="ab-demo-output" aria-live="polite"><table>'
         f"<caption>Scores (query · key) and softmax weights</caption>"
         f'<thead><tr><th scope="col">key</th><th scope="col">score</th>'
-        f'{_WEIGHT_HEADERS}</tr></thead>'
+        f'{WEIGHT_HEADERS}</tr></thead>'
         f"<tbody>{score_rows}</tbody></table>"
         f'<p class="ab-note">Context vector: <code id="{element_id}-context">{context_text}'
         f"</code></p></div></div>"
     )
     data = {"inputs": inputs.tolist(), "tokens": tokens}
-    return HTML(markup + _script(element_id, data, "query_picker.js", "queryPickerDemo"))
+    return HTML(markup + script(element_id, data, "query_picker.js", "queryPickerDemo"))

@@ -8,17 +8,17 @@ from collections.abc import Sequence
 
 from IPython.display import HTML
 
-from .._ids import _check_element_id
 from ..attention import softmax
-from ._common import (
-    _RUN_HINT,
-    _WEIGHT_HEADERS,
-    _as_float_tensor,
-    _bars_rows,
-    _check_tokens,
-    _entropy,
-    _script,
-    _style,
+from ..checks import check_element_id
+from .page import (
+    RUN_HINT,
+    WEIGHT_HEADERS,
+    as_float_tensor,
+    bars_rows,
+    check_tokens,
+    entropy,
+    script,
+    style,
 )
 
 __all__ = ["temperature_demo"]
@@ -57,9 +57,9 @@ def temperature_demo(
 
     Taught in chapter 4.
     """
-    _check_element_id(element_id)
-    scores = _as_float_tensor("scores", scores, 1)
-    tokens = _check_tokens(tokens, scores.numel(), "scores")
+    check_element_id(element_id)
+    scores = as_float_tensor("scores", scores, 1)
+    tokens = check_tokens(tokens, scores.numel(), "scores")
     if not 0 < min_temperature <= temperature <= max_temperature:
         raise ValueError(
             "need 0 < min_temperature <= temperature <= max_temperature, got "
@@ -68,19 +68,19 @@ def temperature_demo(
     weights = softmax(scores / temperature)  # (T,)
     slider = f"{element_id}-slider"
     markup = (
-        f'{_style()}<div class="ab-demo" id="{element_id}" data-demo="temperature">'
-        f'<p class="ab-demo-title">{html.escape(title)}</p>{_RUN_HINT}'
+        f'{style()}<div class="ab-demo" id="{element_id}" data-demo="temperature">'
+        f'<p class="ab-demo-title">{html.escape(title)}</p>{RUN_HINT}'
         f'<label for="{slider}">Temperature τ</label>'
         f'<input type="range" id="{slider}" min="{min_temperature}" max="{max_temperature}" '
         f'step="0.05" value="{temperature}"> '
         f'<output id="{element_id}-value" for="{slider}">{temperature:.2f}</output>'
         f'<div class="ab-demo-output" aria-live="polite"><table>'
         f'<caption>softmax(scores / τ) for each key</caption>'
-        f'<thead><tr><th scope="col">key</th>{_WEIGHT_HEADERS}</tr></thead><tbody>'
-        f"{_bars_rows(element_id, tokens, weights.tolist())}</tbody></table>"
+        f'<thead><tr><th scope="col">key</th>{WEIGHT_HEADERS}</tr></thead><tbody>'
+        f"{bars_rows(element_id, tokens, weights.tolist())}</tbody></table>"
         f'<p class="ab-note">Entropy of the weights: <span id="{element_id}-entropy">'
-        f"{_entropy(weights):.3f}</span> nats (the uniform maximum is "
+        f"{entropy(weights):.3f}</span> nats (the uniform maximum is "
         f"{math.log(len(tokens)):.3f}).</p></div></div>"
     )
-    script = _script(element_id, {"scores": scores.tolist()}, "temperature.js", "temperatureDemo")
-    return HTML(markup + script)
+    demo_script = script(element_id, {"scores": scores.tolist()}, "temperature.js", "temperatureDemo")
+    return HTML(markup + demo_script)

@@ -8,7 +8,7 @@ Each chapter's checkers live in their own module (``ch00`` … ``ch16``) and are
 re-exported here, so a notebook writes ``from attention_book.exercises import check_…``.
 """
 
-from ._feedback import ExerciseFailure as ExerciseFailure
+from .feedback import ExerciseFailure as ExerciseFailure
 from .ch00 import *  # noqa: F403
 from .ch01 import *  # noqa: F403
 from .ch02 import *  # noqa: F403

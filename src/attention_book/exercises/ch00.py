@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import softmax
-from ._feedback import call, checker, expect_close, passed
+from .feedback import call, checker, expect_close, passed
 
 __all__ = ["check_row_normalise"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_average_so_far", "check_window_average", "check_recency_weights", "check_offset_matrix",

@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import nn
 
-from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_linear_from_parameter", "check_cross_attention", "check_split_merged",

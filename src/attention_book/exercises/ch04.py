@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ._feedback import call, checker, expect_true, fail, passed
+from .feedback import call, checker, expect_true, fail, passed
 
 __all__ = ["check_unit_variance_divisor", "check_temperature_for_entropy",
            "check_predicted_rows"]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = ["check_prefix_lm_mask", "check_masked_softmax", "check_left_padded_mask",
            "check_is_causal_layer"]

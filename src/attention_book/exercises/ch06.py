@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = ["check_drop_keys", "check_draws_needed", "check_fixed_dropout_layer",
            "check_weights_with_dropout"]

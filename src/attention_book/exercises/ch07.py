@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ._feedback import ExerciseFailure, call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import ExerciseFailure, call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_multi_head_cross_attention",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = ["check_top_head", "check_predicted_bias_effects", "check_norm_based_weights"]
 

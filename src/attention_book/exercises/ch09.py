@@ -7,7 +7,7 @@ import numbers
 import torch
 from torch import nn
 
-from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_predicted_accuracy_without_positions",

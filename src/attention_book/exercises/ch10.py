@@ -14,7 +14,7 @@ import torch
 from ..attention import causal_mask
 from ..kv_cache import KVCache
 from ..modules import GroupedQueryAttention
-from ._feedback import call, checker, expect_int, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_int, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_attention_flops",

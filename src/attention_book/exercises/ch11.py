@@ -21,7 +21,7 @@ from .. import bug_zoo
 from ..attention import causal_mask
 from ..diagnose import diagnose
 from ..modules import MultiHeadAttention
-from ._feedback import ExerciseFailure, call, checker, expect_shape, expect_true, fail, passed
+from .feedback import ExerciseFailure, call, checker, expect_shape, expect_true, fail, passed
 
 __all__ = ["check_padded_attention", "check_leaks_future", "check_fixed_blog_attention"]
 

@@ -9,7 +9,7 @@ import torch
 
 from ..attention import causal_mask, scaled_dot_product_attention, sliding_window_mask
 from ..mods import apply_score_mod, materialize
-from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_chunked_attention_rule",

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..attention import causal_mask
-from ._feedback import ExerciseFailure, call, checker, expect_shape, expect_true, fail, passed
+from .feedback import ExerciseFailure, call, checker, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_kv_bytes_per_token",

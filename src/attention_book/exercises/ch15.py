@@ -9,7 +9,7 @@ from torch import nn
 
 from ..heads import ablate_heads, hand_built_induction_model
 from ..model import TinyGPT, TransformerBlock
-from ._feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_block_parameter_count",

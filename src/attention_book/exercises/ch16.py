@@ -13,7 +13,7 @@ import numbers
 import torch
 
 from ..serving import OutOfBlocksError, PagedKVCache
-from ._feedback import call, checker, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_predicted_pool",

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..distributed import shard_positions, simulate_ring_attention, unshard
-from ._feedback import call, checker, expect_int, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_int, expect_shape, expect_true, fail, passed
 
 __all__ = [
     "check_bytes_sent_per_rank",

@@ -1,6 +1,6 @@
 // Shared by every kernel-free demo of attention_book.demos.
 //
-// Python (demos/_common.py) writes each demo's script as one function scope:
+// Python (demos/page.py) writes each demo's script as one function scope:
 //
 //   (function () {
 //     const root = document.getElementById(<element id>);  // the demo's element

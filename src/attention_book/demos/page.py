@@ -3,7 +3,7 @@
 A demo is HTML: a ``<style>`` with the demo's CSS, the markup of its first rendering (computed
 in Python), and a ``<script>`` that recomputes it in the browser. The CSS and JavaScript live
 in real files next to this module (``assets/``, shipped as package data): ``demo.css`` and
-``common.js`` for every demo, plus the demo's own ``.css``/``.js``. :func:`_script` wraps them
+``common.js`` for every demo, plus the demo's own ``.css``/``.js``. :func:`script` wraps them
 in one function scope with the demo's element and its numbers (see ``assets/common.js``).
 """
 
@@ -22,25 +22,25 @@ import torch
 _CELL_RGB = (86, 180, 233)
 # The headers of a weight drawn as a bar and written as a number. Never "value": in this
 # book that word means V.
-_WEIGHT_HEADERS = '<th scope="col">weight as a bar</th><th scope="col">weight</th>'
+WEIGHT_HEADERS = '<th scope="col">weight as a bar</th><th scope="col">weight</th>'
 # One line for a notebook whose scripts do not run (Jupyter does not run the stored scripts of a
 # notebook it does not trust, e.g. one just opened): the script removes it as it starts.
-_RUN_HINT = ('<p class="ab-run-hint">Run this cell to bring the demo to life: until its script '
+RUN_HINT = ('<p class="ab-run-hint">Run this cell to bring the demo to life: until its script '
              "runs, the controls do nothing.</p>")
 
 
 @functools.cache
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
     """The text of ``assets/<name>``, a file shipped with the package."""
     return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 
-def _style(*names: str) -> str:
+def style(*names: str) -> str:
     """A ``<style>`` element holding the CSS files ``names`` (``demo.css`` first)."""
-    return "<style>\n" + "".join(_asset(name) for name in ("demo.css", *names)) + "</style>"
+    return "<style>\n" + "".join(asset(name) for name in ("demo.css", *names)) + "</style>"
 
 
-def _script(element_id: str, data: dict, file: str, function: str) -> str:
+def script(element_id: str, data: dict, file: str, function: str) -> str:
     """The demo's ``<script>``: ``common.js`` and ``file`` in one scope, then ``function(root, data)``."""
     payload = json.dumps(data, sort_keys=True)
     return (
@@ -49,13 +49,13 @@ def _script(element_id: str, data: dict, file: str, function: str) -> str:
         "  if (!root) { return; }\n"
         f"  const data = {payload};\n"
         f"  const CELL_RGB = {json.dumps(list(_CELL_RGB))};\n"
-        f"{_asset('common.js')}{_asset(file)}"
+        f"{asset('common.js')}{asset(file)}"
         f"  {function}(root, data);\n"
         "})();\n</script>"
     )
 
 
-def _as_float_tensor(name: str, values, dims: int) -> torch.Tensor:
+def as_float_tensor(name: str, values, dims: int) -> torch.Tensor:
     tensor = torch.as_tensor(values)
     if not tensor.is_floating_point():
         raise TypeError(f"{name} must hold floating-point numbers, got dtype {tensor.dtype}")
@@ -68,19 +68,19 @@ def _as_float_tensor(name: str, values, dims: int) -> torch.Tensor:
     return torch.round(tensor.detach().to(torch.float64).cpu(), decimals=6)
 
 
-def _check_tokens(tokens: Sequence[str], count: int, what: str) -> list[str]:
+def check_tokens(tokens: Sequence[str], count: int, what: str) -> list[str]:
     tokens = [str(token) for token in tokens]
     if len(tokens) != count:
         raise ValueError(f"got {len(tokens)} tokens but {what} has {count} positions")
     return tokens
 
 
-def _cell_background(weight: float) -> str:
+def cell_background(weight: float) -> str:
     red, green, blue = (round(255 + (c - 255) * weight) for c in _CELL_RGB)
     return f"rgb({red},{green},{blue})"
 
 
-def _bars_rows(element_id: str, tokens: list[str], weights: list[float]) -> str:
+def bars_rows(element_id: str, tokens: list[str], weights: list[float]) -> str:
     rows = []
     for index, (token, weight) in enumerate(zip(tokens, weights, strict=True)):
         rows.append(
@@ -92,6 +92,6 @@ def _bars_rows(element_id: str, tokens: list[str], weights: list[float]) -> str:
     return "".join(rows)
 
 
-def _entropy(weights: torch.Tensor) -> float:
+def entropy(weights: torch.Tensor) -> float:
     positive = weights[weights > 0]
     return float(-(positive * positive.log()).sum())
