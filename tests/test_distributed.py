@@ -282,7 +282,7 @@ def test_functions_the_ranks_cannot_import_are_refused_before_anything_starts():
 
 
 def test_a_result_that_cannot_be_pickled_becomes_an_error_outcome():
-    from attention_book.distributed import _outcome_bytes
+    from attention_book.distributed.launch import _outcome_bytes
 
     data, ok = _outcome_bytes(("ok", lambda: None))
     status = pickle.loads(data)
