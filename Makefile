@@ -99,7 +99,10 @@ grades: $(STAMP)
 	$(CLASSROOM) export --course-dir "$(COURSE_DIR)"
 
 ## test-gpu: the device tests on CUDA (not part of `make test`: CI has no GPU). Fails, with a
-## message, on a machine where PyTorch sees no CUDA device; never passes silently.
+## message, on a machine where PyTorch sees no CUDA device; never passes silently. It first
+## installs the project's requirements into .venv ($(STAMP): torch==2.13.0, PyPI's CUDA build
+## on Linux, and bertviz, which the picture tests need), so it runs on a fresh GPU machine. The
+## meta-device tests in it also hold on torch 2.5.1, the oldest release pyproject.toml allows.
 .PHONY: test-gpu
 test-gpu: $(STAMP)
 	@$(BIN)/python -c "import sys, torch; ok = torch.cuda.is_available(); \
