@@ -174,6 +174,9 @@ class Layers:
         """Whether files are fenced by the kernel (a private view or Landlock)."""
         return self.namespaces or self.landlock > 0
 
+    def __bool__(self) -> bool:
+        return self.protected
+
     def describe(self) -> str:
         """One line naming each layer, for the instructor's summary."""
         parts = []

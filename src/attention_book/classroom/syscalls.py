@@ -56,17 +56,27 @@ class SyscallFilterError(RuntimeError):
     """No seccomp bindings here, or the kernel refused the filter."""
 
 
-def _bindings():
+def _import_bindings():
     try:
         import seccomp
     except ImportError:
         try:
             import pyseccomp as seccomp
-        except ImportError as error:
-            raise SyscallFilterError(
-                "no seccomp bindings in this Python (tools/ensure_seccomp.sh installs "
-                "Debian's python3-seccomp)") from error
+        except ImportError:
+            return None
     return seccomp
+
+
+# Imported now, while every file is readable: the filter is loaded after Landlock closes
+# the folders that Debian's module lives in.
+_SECCOMP = _import_bindings()
+
+
+def _bindings():
+    if _SECCOMP is None:
+        raise SyscallFilterError("no seccomp bindings in this Python (tools/ensure_seccomp.sh "
+                                 "installs Debian's python3-seccomp)")
+    return _SECCOMP
 
 
 def available() -> bool:
