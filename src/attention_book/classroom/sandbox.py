@@ -181,7 +181,8 @@ class Layers:
         """One line naming each layer, for the instructor's summary."""
         parts = []
         if self.namespaces:
-            parts.append("private file view (user, mount and network namespaces)")
+            parts.append("private file view (user and mount namespaces; for answers an empty "
+                         "network namespace too)")
         if self.landlock:
             net = ", TCP" if self.landlock >= 4 else ""
             scope = ", signals" if self.landlock >= 6 else ""
@@ -774,6 +775,11 @@ def _kernel_main(argv: list[str]) -> int:
     readable = [*python_roots(), package_root(), cwd, *SYSTEM_LIBRARIES, *extra]
     memory = int(os.environ.get("BOOK_SANDBOX_MEMORY", str(8 * 2**30)))
     log = os.dup(2)  # nbgrader's log: ipykernel sends fd 2 to the notebook later
+    running = [False]  # refusals while ipykernel starts (probes of its own) are not reported
+
+    def refused(event: str, detail: str) -> None:
+        if running[0]:
+            say(f"refused: {event} {detail}".strip())
 
     def say(text: str) -> None:
         try:
@@ -836,7 +842,7 @@ def _kernel_main(argv: list[str]) -> int:
     neuter_native_file_access(processes=policy.processes)
     install_audit_hook(readable=readable, writable=[scratch],
                        allow_processes=policy.processes, blocked_modules=("nbgrader",),
-                       report=lambda event, detail: say(f"refused: {event} {detail}".strip()))
+                       report=refused)
     args = [a for a in argv if a != connection and not a.startswith("-f")
             and not a.startswith("--HistoryManager.hist_file")]
     app = IPKernelApp.instance()
@@ -854,6 +860,7 @@ def _kernel_main(argv: list[str]) -> int:
             "that the run promised")
         os._exit(3)
     say(f"layers: {layers.describe()}")
+    running[0] = True
     app.start()
     return 0
 
