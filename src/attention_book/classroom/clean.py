@@ -1104,6 +1104,13 @@ def _finish(entry: list, fd: int, graded: dict[str, dict]) -> None:
 def _grader_process(student: dict, control: socket.socket, limits: Limits,
                     required: sandbox.Layers, write: int) -> None:  # pragma: no cover
     """Grade one student, in a process of their own, and write the results to ``write``."""
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):  # the template's output is not this process's to write
+        os.dup2(devnull, fd)
+    keep = sorted({write, control.fileno()})
+    os.closerange(3, keep[0])  # nor other graders' pipes
+    for low, high in zip(keep, [*keep[1:], 65536], strict=True):
+        os.closerange(low + 1, high)
     try:
         import torch
 
