@@ -759,12 +759,21 @@ def _zygote(control: socket.socket, limits: Limits,
 
     children: dict[int, tuple[socket.socket, str, float]] = {}
     streams: dict[int, int] = {}  # status socket fd -> answer pid
+    ended, wakeup = os.pipe()  # a child's end wakes the loop at once
+    os.set_blocking(wakeup, False)
+    signal.set_wakeup_fd(wakeup)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     try:
         while True:
-            ready, _, _ = select.select([control, *(children[p][0] for p in children)], [], [],
-                                        0.1)
+            soonest = min((deadline for _, _, deadline in children.values()), default=None)
+            wait = 5.0 if soonest is None else max(0.0, min(5.0, soonest - time.monotonic()))
+            ready, _, _ = select.select([control, ended, *(children[p][0] for p in children)],
+                                        [], [], wait)
             for sock in ready:
-                if sock is control:
+                if sock == ended:
+                    with contextlib.suppress(OSError):
+                        os.read(ended, 4096)
+                elif sock is control:
                     message, fds, _, _ = socket.recv_fds(control, 256, 2)
                     if not message:
                         raise SystemExit
@@ -775,6 +784,8 @@ def _zygote(control: socket.socket, limits: Limits,
                     root = tempfile.mkdtemp(prefix="abk-answer-")
                     pid = os.fork()
                     if pid == 0:
+                        signal.set_wakeup_fd(-1)
+                        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                         control.close()
                         for other, _, _ in children.values():
                             other.close()

@@ -701,6 +701,8 @@ def autograde(course_dir: str | os.PathLike, assignment: str,
                 _bound_autograded(course, assignment, [s for _, g in groups for s in g], source)
             finally:
                 shutil.rmtree(run, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    run.parent.rmdir()  # grading/runs/, when no other run is there
             for student, cause in failures.items():
                 if student in problems:
                     problems[student].append(cause)
