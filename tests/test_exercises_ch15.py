@@ -10,8 +10,8 @@ from hidden_tests import passes_hidden_tests
 from attention_book import ablate_heads, find_heads
 from attention_book.exercises import (
     check_block_parameter_count,
-    check_induction_score,
     check_generates_like_full_pass,
+    check_induction_score,
     check_is_induction_head,
     check_mean_ablated_logits,
 )
