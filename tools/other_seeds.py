@@ -37,6 +37,7 @@ from nbformat.v4 import new_code_cell
 from traitlets.config import Config
 
 SEED_LINE = re.compile(r"^SEED = \d+$", re.MULTILINE)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of a traceback
 
 
 def with_seed(notebook: nbformat.NotebookNode, seed: int) -> nbformat.NotebookNode:
@@ -69,7 +70,7 @@ def run(path: Path, seed: int, collect: str | None, keep: Path | None) -> dict:
             failed = next((index for index, cell in enumerate(notebook.cells)
                            if any(output.get("output_type") == "error"
                                   for output in cell.get("outputs", []))), None)
-            lines = [line for line in str(error).splitlines() if line.strip()]
+            lines = [line for line in ANSI.sub("", str(error)).splitlines() if line.strip()]
             result.update(ok=False, cell=failed, error=lines[-1] if lines else "an error")
     result["seconds"] = round(time.perf_counter() - start, 1)
     if collect and result["ok"]:
