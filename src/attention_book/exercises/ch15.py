@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -18,6 +20,18 @@ __all__ = [
     "check_is_induction_head",
     "check_generates_like_full_pass",
 ]
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run the models of a check on one CPU thread, then restore the setting: these models are
+    so small that a second thread only waits (ten times slower on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _count(module: nn.Module) -> int:
@@ -366,6 +380,14 @@ def check_is_induction_head(fn) -> None:
     """
     with torch.random.fork_rng():  # building a model draws (then overwrites) random weights
         subjects = _head_subjects()
+    with _one_thread():
+        _judge_heads(fn, subjects)
+    passed("your test tells induction heads from positional heads, previous-token heads and "
+           "duplicate-token heads: it scores them on repeats at distances that vary, the "
+           "control that a fixed offset lacks, and it draws the line at the definition's 0.5.")
+
+
+def _judge_heads(fn, subjects: list[tuple[str, TinyGPT, int, int, bool]]) -> None:
     for name, model, layer, head, expected in subjects:
         with torch.random.fork_rng():
             verdict = call(fn, model, layer, head)
@@ -395,9 +417,6 @@ def check_is_induction_head(fn) -> None:
                         "an earlier copy of the query's token; score exactly that, on repeated "
                         "sequences")
             fail(f"your test rejects {name}", expected=False, actual=True, hint=hint)
-    passed("your test tells induction heads from positional heads, previous-token heads and "
-           "duplicate-token heads: it scores them on repeats at distances that vary, the "
-           "control that a fixed offset lacks, and it draws the line at the definition's 0.5.")
 
 
 # --------------------------------------------------------------------------- exercise 15.5
@@ -531,6 +550,15 @@ def check_generates_like_full_pass(fn) -> None:
     """
     with torch.random.fork_rng():  # building the models draws random weights
         healthy, broken = _generation_subjects()
+    with _one_thread():
+        _judge_generation(fn, healthy, broken)
+    passed("your test passes the three healthy models and catches all four broken caches: "
+           "a position that restarts, a prefill that loses the prompt, a bug deep in the "
+           "cache, and a model that is not causal, which no cache can serve.")
+
+
+def _judge_generation(fn, healthy: dict[str, TinyGPT],
+                      broken: list[tuple[str, TinyGPT, str]]) -> None:
     for name, model in healthy.items():
         with torch.random.fork_rng():
             verdict = _verdict(call(fn, model), name)
@@ -543,6 +571,3 @@ def check_generates_like_full_pass(fn) -> None:
             verdict = _verdict(call(fn, model), name)
         expect_true(f"your test catches {name}", not verdict, expected=False, actual=verdict,
                     hint=hint)
-    passed("your test passes the three healthy models and catches all four broken caches: "
-           "a position that restarts, a prefill that loses the prompt, a bug deep in the "
-           "cache, and a model that is not causal, which no cache can serve.")
