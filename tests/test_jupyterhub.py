@@ -60,6 +60,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = "02"
 COURSE = "attention-step-by-step"
 PROXY = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
+# Every wait below ends as soon as its condition holds; these are only the limits, set for a
+# busy machine (at a load average of 22 on 2 cores one `generate` took over 300 s).
+WAIT_LIMIT_S = 600  # the hub to answer, a user's server to start, one API call
+STEP_LIMIT_S = 1200  # one command run as a user (generate, autograde, feedback)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -169,7 +173,7 @@ class Hub:
         environment = {**env, "HOME": account.pw_dir, "USER": user, "LOGNAME": user}
         result = subprocess.run(list(args), cwd=cwd, env=environment, user=account.pw_uid,
                                 group=account.pw_gid, extra_groups=[], capture_output=True,
-                                text=True, check=False, timeout=300)
+                                text=True, check=False, timeout=STEP_LIMIT_S)
         self.lap(" ".join(Path(arg).name for arg in args[1:4]) + f" as {user}")
         logs = "".join(f"\n--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}"
                        for log in sorted((cwd / "logs").glob("*.log"))) if (cwd / "logs").is_dir() else ""
@@ -191,7 +195,7 @@ class Hub:
             cwd=state, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + WAIT_LIMIT_S
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"JupyterHub stopped:\n{self.log()}"
             try:
@@ -200,7 +204,7 @@ class Hub:
                 return
             except (OSError, urllib.error.URLError):
                 time.sleep(0.5)
-        raise AssertionError(f"JupyterHub did not answer within 90 s:\n{self.log()}")
+        raise AssertionError(f"JupyterHub did not answer within {WAIT_LIMIT_S} s:\n{self.log()}")
 
     def log(self) -> str:
         path = self.base / "hub" / "jupyterhub.log"
@@ -214,7 +218,7 @@ class Hub:
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers=headers)
-        with urllib.request.urlopen(request, timeout=120) as response:
+        with urllib.request.urlopen(request, timeout=WAIT_LIMIT_S) as response:
             text = response.read().decode()
         return json.loads(text) if text.strip().startswith(("{", "[")) else text
 
@@ -224,7 +228,7 @@ class Hub:
 
     def wait_server(self, user: str) -> str:
         """Wait until ``user``'s server is ready; return a new API token of that user."""
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + WAIT_LIMIT_S
         while time.monotonic() < deadline:
             model = self.api("GET", f"/hub/api/users/{user}")
             server = model.get("servers", {}).get("")
