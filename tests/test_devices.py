@@ -362,3 +362,37 @@ def test_no_factory_in_the_model_or_the_head_tools_forgets_the_device(default_de
     cache = ab.KVCache(4)
     with torch.no_grad():
         _same_place(block(torch.ones(1, 2, 8, device=cpu), kv_cache=cache), cpu, torch.float32)
+
+
+def test_no_factory_in_serving_forgets_the_device(default_device_meta):
+    """The paged cache, paged attention, the views, paged_forward and the batcher (issue 35)."""
+    cpu = torch.device("cpu")
+    cache = ab.PagedKVCache(6, 2, 2, 4, num_layers=2, device=cpu)
+    keys = torch.ones(2, 3, 4, device=cpu)  # (num_kv_heads, T, head_dim)
+    for seq_id, size in (("a", 3), ("b", 1)):
+        cache.add_sequence(seq_id)
+        for layer in range(2):
+            cache.append(seq_id, keys[:, :size], keys[:, :size], layer=layer)
+    cache.fork("a", "c")
+    cache.append("c", keys[:, :1], keys[:, :1])  # copy-on-write of the shared half block
+    _same_place(cache.gather("c")[0], cpu, torch.float32)
+    queries = torch.ones(2, 4, 1, 4, device=cpu)  # (B, num_heads, T_new, head_dim)
+    _same_place(ab.paged_attention(queries, cache, ["a", "b"]), cpu, torch.float32)
+    views = cache.batch_views(["a", "b"], 1)
+    _same_place(views[0].positions(1, cpu), cpu, torch.int64)
+    all_keys, _ = views[0].update(queries[:, :2], queries[:, :2])
+    _same_place(all_keys, cpu, torch.float32)
+    _same_place(views[0].key_positions(cpu), cpu, torch.int64)
+    torch.manual_seed(0)
+    model = ab.TinyGPT(16, 16, 2, 2, 16, rope=True, device=cpu).eval()
+    pool = ab.PagedKVCache(8, 4, 2, 8, num_layers=2, device=cpu)
+    pool.add_sequence(0)
+    _same_place(ab.paged_forward(model, pool, [0], torch.tensor([[1, 2, 3]], device=cpu)),
+                cpu, torch.float32)
+    prompts = [torch.tensor([1, 2, 3], device=cpu), torch.tensor([4], device=cpu)]
+    outputs = ab.generate_batch(model, prompts, 3, block_size=2)
+    assert all(output.device == cpu for output in outputs)
+    batcher = ab.ContinuousBatcher(model, block_size=2, num_blocks=4)
+    batcher.submit(prompts[0], 2)
+    batcher.run()
+    assert batcher.output(0).device == cpu and batcher.cache.device == cpu
