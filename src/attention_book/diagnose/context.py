@@ -14,7 +14,7 @@ import torch
 
 from .numerics import Tolerances, precise_dtype, row_change, tolerances_for
 from .reference import ModuleReference, fit, function_hypotheses
-from .registry import NotApplicable
+from .outcomes import NotApplicable
 from .subjects import FunctionSubject, ModuleSubject, cpu_generator, draw
 
 
