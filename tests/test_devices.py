@@ -264,6 +264,29 @@ def test_checkers_accept_answers_that_come_back_on_another_device(device):
     assert check_row_normalise(lambda x: (x / x.sum(dim=-1, keepdim=True)).to(device))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paged_serving_runs_where_the_model_lives(device, dtype):
+    torch.manual_seed(0)
+    model = ab.TinyGPT(16, 16, 2, 2, 16, rope=True, device=device, dtype=dtype).eval()
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]], device=device)
+    cache = ab.PagedKVCache(8, 2, 2, 8, num_layers=2, device=device, dtype=dtype)
+    for seq_id, length in ((0, 2), (1, 5)):
+        cache.add_sequence(seq_id)
+        ab.paged_forward(model, cache, [seq_id], tokens[seq_id:seq_id + 1, :length])
+    next_tokens = torch.stack([tokens[0, 2:3], tokens[1, 5:6]])  # (B, 1): each row's next token
+    logits = ab.paged_forward(model, cache, [0, 1], next_tokens)  # (B, 1, vocab_size)
+    _same_place(logits, device, dtype)
+    _same_place(cache.key_blocks, device, dtype)
+    if dtype != torch.bfloat16:  # two layers of bfloat16 rounding exceed its tolerance
+        with torch.no_grad():
+            full = model(tokens)  # (B, T, vocab_size)
+        _close(logits[:, 0], torch.stack([full[0, 2], full[1, 5]]), dtype)
+    outputs = ab.generate_batch(model, list(tokens[:, :3]), 3, block_size=2)
+    assert all(output.device.type == device.type for output in outputs)
+    if dtype == torch.float64:  # no near-tie can flip an argmax in float64
+        assert torch.equal(torch.stack(outputs), model.generate(tokens[:, :3], 3))
+
+
 # --------------------------------------------------------------------------- forgotten devices
 
 

@@ -15,7 +15,8 @@ DeepSeek's decoupled RoPE (a few extra rotated query and key features, the key p
 shared by the heads and cached beside the latent) is explained in chapter 14 and
 not built here: this layer has no positions of its own.
 
-This module imports the functional core, the cache protocol, the head layout and the layers.
+This module imports the functional core, the cache protocol, the head layout and the fused
+backend.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from .attention import (
     scaled_dot_product_attention,
 )
 from .checks import check_dropout, check_layer_input, check_mask, check_positive_int
+from .fused import fused_attention
 from .kv_cache import AttentionCache, check_cache, position_mask
 from .layout import merge_heads, split_heads
-from .modules import _fused_with_sink
 
 __all__ = ["MultiHeadLatentAttention"]
 
@@ -143,13 +144,8 @@ class MultiHeadLatentAttention(nn.Module):
             return scaled_dot_product_attention(
                 queries, keys, values, allowed, dropout_p=dropout_p, scale=scale,
                 sink_logit=self.sink_logit)
-        if self.sink_logit is not None:
-            return _fused_with_sink(queries, keys, values, allowed, self.sink_logit, dropout_p,
-                                    scale), None
-        return torch.nn.functional.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, scale=scale,
-            enable_gqa=keys.size(-3) != queries.size(-3),
-        ), None
+        return fused_attention(queries, keys, values, allowed, dropout_p=dropout_p, scale=scale,
+                               sink_logit=self.sink_logit), None
 
     def forward(
         self,

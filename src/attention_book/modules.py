@@ -29,7 +29,7 @@ from .checks import (
     check_positive_int,
     require_float,
 )
-from .flash import sink_column
+from .fused import fused_attention
 from .kv_cache import AttentionCache, KVCache, check_cache, position_mask
 from .layout import merge_heads, split_heads
 from .positions import rotary_embedding
@@ -41,37 +41,6 @@ __all__ = [
     "MultiHeadAttention",
     "GroupedQueryAttention",
 ]
-
-
-def _fused_with_sink(
-    queries: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    allowed: torch.Tensor | None,
-    sink_logit: torch.Tensor,
-    dropout_p: float,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """PyTorch's fused attention with an attention sink, which it has no argument for.
-
-    One extra key of zeros scores 0 against every query; an additive mask of
-    ``sink_logit`` on its column makes that score the sink, and its value of zeros
-    adds nothing to the output: exactly ``exp(sink)`` more in each row's denominator.
-    """
-    num_queries, num_keys = queries.size(-2), keys.size(-2)
-    lead = queries.shape[:-2]  # (..., heads)
-    bias = queries.new_zeros(*lead, num_queries, num_keys)  # (..., heads, T, T_k)
-    if allowed is not None:
-        bias = bias.masked_fill(~allowed, float("-inf"))  # (..., heads, T, T_k)
-    sink = sink_column(sink_logit, bias).expand(*lead, num_queries, 1)  # (..., heads, T, 1)
-    bias = torch.cat([bias, sink], dim=-1)  # (..., heads, T, T_k + 1)
-    keys = torch.cat([keys, keys.new_zeros(*keys.shape[:-2], 1, keys.size(-1))], dim=-2)  # (..., T_k + 1, d)
-    values = torch.cat([values, values.new_zeros(*values.shape[:-2], 1, values.size(-1))],
-                       dim=-2)  # (..., T_k + 1, d_v)
-    return torch.nn.functional.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=bias, dropout_p=dropout_p, scale=scale,
-        enable_gqa=keys.size(-3) != queries.size(-3),
-    )  # (..., heads, T, d_v)
 
 
 class SelfAttention(nn.Module):
@@ -306,8 +275,7 @@ class _HeadedAttention(nn.Module):
             return self.mask[:num_tokens, :num_tokens]  # (T, T)
         return causal_mask(num_tokens, device=device)  # (T, T)
 
-    def _fused(self, queries, keys, values, allowed, square_causal, dropout_p, group_size,
-               contiguous_cache):
+    def _fused(self, queries, keys, values, allowed, square_causal, dropout_p, contiguous_cache):
         """PyTorch's fused attention, told as much as possible about the mask and the groups.
 
         ``allowed`` is the whole mask (None: none but a square causal one, when
@@ -318,7 +286,8 @@ class _HeadedAttention(nn.Module):
         if self.sink_logit is not None:
             if square_causal:
                 allowed = self._causal(num_tokens, queries.device)  # (T, T)
-            return _fused_with_sink(queries, keys, values, allowed, self.sink_logit, dropout_p)
+            return fused_attention(queries, keys, values, allowed, dropout_p=dropout_p,
+                                   sink_logit=self.sink_logit)  # (..., num_heads, T, head_dim)
         attn_mask, is_causal = allowed, False
         if square_causal or (contiguous_cache and num_tokens == num_keys):
             # is_causal lets the fused kernel skip the tiles above the diagonal.
@@ -329,12 +298,10 @@ class _HeadedAttention(nn.Module):
             # without a mask tensor; a GPU kernel can then skip the blocks above the diagonal
             # (on the CPU, PyTorch builds the mask from it, as chapter 10 shows).
             attn_mask = causal_lower_right(num_tokens, num_keys)
-        # enable_gqa broadcasts each key/value head over its group of query heads inside the
-        # kernel, instead of materialising num_heads copies as repeat_interleave does.
-        return torch.nn.functional.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p,
-            is_causal=is_causal, enable_gqa=group_size > 1,
-        )  # (..., num_heads, T, head_dim)
+        # Grouped heads: the kernel broadcasts each key/value head over its group of query
+        # heads (enable_gqa), instead of materialising num_heads copies as repeat_interleave does.
+        return fused_attention(queries, keys, values, attn_mask, is_causal=is_causal,
+                               dropout_p=dropout_p)  # (..., num_heads, T, head_dim)
 
     def _check_context(self, context: object, x: torch.Tensor, kv_cache: object) -> int:
         """Validate a cross-attention ``context`` for the queries ``x``; return ``T_ctx``."""
@@ -465,7 +432,7 @@ class _HeadedAttention(nn.Module):
             # A KVCache holds positions 0 … T_k - 1: its causal mask is PyTorch's bottom-right one.
             contiguous = isinstance(kv_cache, KVCache) and self.causal and mask is None
             context_vec = self._fused(queries, keys, values, allowed, square_causal, dropout_p,
-                                      group_size, contiguous)  # (..., num_heads, T, head_dim)
+                                      contiguous)  # (..., num_heads, T, head_dim)
             attn_weights = None
         else:
             if group_size > 1:
