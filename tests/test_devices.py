@@ -290,10 +290,39 @@ def test_paged_serving_runs_where_the_model_lives(device, dtype):
 # --------------------------------------------------------------------------- forgotten devices
 
 
+def _torch_optimizers_forget_the_device() -> bool:
+    """Whether this torch's own Adam creates its step counter on the default device.
+
+    Older releases (2.5 and 2.11 among them) do; then an optimizer step fails under a
+    ``meta`` default device whatever the package does, so the tests below let torch's
+    optimizers step on the CPU. Everything of the package still runs with ``meta``.
+    """
+    previous = torch.get_default_device()
+    parameter = torch.nn.Parameter(torch.ones(1, device="cpu"))
+    parameter.grad = torch.ones(1, device="cpu")
+    torch.set_default_device("meta")
+    try:
+        torch.optim.Adam([parameter]).step()
+        return False
+    except RuntimeError:
+        return True
+    finally:
+        torch.set_default_device(previous)
+
+
 @pytest.fixture
-def default_device_meta():
+def default_device_meta(monkeypatch):
     """Make torch's default device ``meta`` for the duration of a test."""
     previous = torch.get_default_device()
+    if _torch_optimizers_forget_the_device():
+        for optimizer in (torch.optim.Adam, torch.optim.AdamW):
+            step = optimizer.step
+
+            def step_on_the_cpu(self, *args, _step=step, **kwargs):
+                with torch.device("cpu"):
+                    return _step(self, *args, **kwargs)
+
+            monkeypatch.setattr(optimizer, "step", step_on_the_cpu)
     torch.set_default_device("meta")
     yield
     torch.set_default_device(previous)

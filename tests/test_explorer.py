@@ -24,9 +24,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attention_book import explorer as explorer_module  # noqa: E402
-from attention_book.explorer import DEFAULT_SENTENCE  # noqa: E402
+from attention_book.explorer import DEFAULT_SENTENCE, explore  # noqa: E402
 from attention_book.pretrained import load_pretrained  # noqa: E402
-from attention_book.explorer import explore  # noqa: E402
 
 
 @pytest.fixture(scope="module")

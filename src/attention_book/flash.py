@@ -80,6 +80,15 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW_PRECISION else dtype
 
 
+def _common_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype the tensors promote to (without a call into torch when they agree)."""
+    dtype = tensors[0].dtype
+    for tensor in tensors[1:]:
+        if tensor.dtype != dtype:
+            dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
+
+
 def tile_kind(query_first: int, query_last: int, key_first: int, key_last: int, *,
               is_causal: bool = False, window: int | None = None) -> int:
     """Classify a tile of consecutive query and key positions: skip it, compute it, or mask it.
@@ -191,8 +200,11 @@ def block_scores(
     num_queries, num_keys = query.size(-2), key.size(-2)
     if scale is None:
         scale = 1.0 / math.sqrt(query.size(-1))
-    dtype = accumulation_dtype(torch.promote_types(query.dtype, key.dtype))
-    scores = (query.to(dtype) * scale) @ key.to(dtype).transpose(-2, -1)  # (..., T_q, T_k)
+    dtype = accumulation_dtype(_common_dtype(query, key))
+    query = query.to(dtype)
+    if scale != 1.0:  # a caller that scaled its queries once passes scale=1.0
+        query = query * scale
+    scores = query @ key.to(dtype).transpose(-2, -1)  # (..., T_q, T_k)
     if not is_causal and window is None:
         return scores
     if query_positions is None:
@@ -215,8 +227,8 @@ def shifted_exp(scores: torch.Tensor, *, in_place: bool = False
 
     ``exp(s - m)`` with ``m`` the row's largest score, so nothing overflows; the row's
     sum ``l``; and ``L = m + log(l)``. A row of only ``-inf`` (no visible key) is
-    measured from 0, not ``-inf``, so it gives exponentials 0, a sum of 1 (safe to
-    divide by) and ``L = -inf``, never NaN, also in the backward pass.
+    measured from the lowest float, not ``-inf``, so it gives exponentials 0, a sum of 1
+    (safe to divide by) and ``L = -inf``, never NaN, also in the backward pass.
 
     Args:
         scores: the scores, hidden ones ``-inf``; the last dim is normalised.
@@ -232,13 +244,13 @@ def shifted_exp(scores: torch.Tensor, *, in_place: bool = False
     """
     require_float("scores", scores)
     row_max = scores.amax(dim=-1, keepdim=True)  # (..., 1)
-    shift = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    # A row of -inf is measured from the lowest float, not from -inf: its exponentials are 0.
+    shift = row_max.clamp_min(torch.finfo(scores.dtype).min)  # (..., 1)
     unnormalised = scores.sub_(shift).exp_() if in_place else torch.exp(scores - shift)
-    total = unnormalised.sum(dim=-1)  # (...)
-    seen = total > 0
-    row_sum = torch.where(seen, total, torch.ones_like(total))
-    log_sum_exp = torch.where(seen, shift.squeeze(-1) + torch.log(row_sum),
-                              torch.full_like(total, float("-inf")))  # (...)
+    # A row that sees a key sums to at least 1 (its largest term is exp(0)); an empty row
+    # sums to 0 and is divided by 1 instead, and its L = -inf + log(1) stays -inf.
+    row_sum = unnormalised.sum(dim=-1).clamp_min(1.0)  # (...)
+    log_sum_exp = row_max.squeeze(-1) + row_sum.log()  # (...)
     return unnormalised, row_sum, log_sum_exp
 
 
@@ -289,8 +301,7 @@ def partial_attention(
     """
     grouped_query, key, value, num_heads = _grouped(query, key, value)
     check_qkv(grouped_query, key, value)
-    dtype = accumulation_dtype(
-        torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype))
+    dtype = accumulation_dtype(_common_dtype(query, key, value))
     if key.size(-2) == 0:  # no key at all: the empty result
         return empty_partial(query.to(dtype), value.size(-1))
     scores = block_scores(grouped_query, key, query_positions=query_positions,
@@ -345,7 +356,8 @@ def merge_partials(
     and part ``b``'s as the one new score. This is the only function in the package that
     merges two partial results: tiling, sinks, the ring and its all-gather and Ulysses
     siblings all call it (vLLM's ``merge_attn_states``, ring-flash-attention's
-    ``update_out_and_lse``). A row empty in both parts stays output 0, ``L = -inf``.
+    ``update_out_and_lse``). A row empty in both parts stays output 0 (an empty part's
+    output is 0, as :func:`partial_attention` gives it) and ``L = -inf``, never NaN.
 
     Args:
         output_a: one part's output, normalised within its keys.
@@ -373,22 +385,20 @@ def merge_partials(
             f"the two parts must have the same shapes, outputs (..., T_q, d_v) and log-sum-exps "
             f"(..., T_q): got output_a {tuple(output_a.shape)}, lse_a {tuple(lse_a.shape)}, "
             f"output_b {tuple(output_b.shape)}, lse_b {tuple(lse_b.shape)}")
-    out_dtype = torch.promote_types(output_a.dtype, output_b.dtype)
-    dtype = accumulation_dtype(torch.promote_types(
-        out_dtype, torch.promote_types(lse_a.dtype, lse_b.dtype)))
+    out_dtype = _common_dtype(output_a, output_b)
+    dtype = accumulation_dtype(_common_dtype(output_a, output_b, lse_a, lse_b))
     lse_a, lse_b = lse_a.to(dtype), lse_b.to(dtype)
     # Part a is a running state whose maximum is L_a and whose sum, measured from it, is 1
-    # (0 when it has seen no key); part b is one new "score", L_b.
-    new_max, total = online_softmax_update(lse_a, torch.isfinite(lse_a).to(dtype),
+    # (an empty part, L_a = -inf, is rescaled to 0); part b is one new "score", L_b.
+    new_max, total = online_softmax_update(lse_a, torch.ones_like(lse_a),
                                            lse_b.unsqueeze(-1))  # (..., T_q) each
-    shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
-    seen = total > 0
-    safe_total = torch.where(seen, total, torch.ones_like(total))
-    weight_a = (torch.exp(lse_a - shift) / safe_total).unsqueeze(-1)  # (..., T_q, 1)
-    weight_b = (torch.exp(lse_b - shift) / safe_total).unsqueeze(-1)  # (..., T_q, 1)
-    output = output_a.to(dtype) * weight_a + output_b.to(dtype) * weight_b  # (..., T_q, d_v)
-    log_sum_exp = torch.where(seen, shift + torch.log(safe_total),
-                              torch.full_like(total, float("-inf")))  # (..., T_q)
+    # A row that has seen a key has total >= 1 (its largest term is exp(0)); a row empty in
+    # both parts has total 0 and max -inf, so L = -inf + log(1) = -inf, without a NaN.
+    log_sum_exp = new_max + total.clamp_min(1.0).log()  # (..., T_q)
+    # Part b's share of the weight, exp(L_b - L); part a keeps the rest, exp(L_a - L).
+    share_b = torch.exp(lse_b - log_sum_exp.clamp_min(torch.finfo(dtype).min))  # (..., T_q)
+    share_b = share_b.unsqueeze(-1)  # (..., T_q, 1)
+    output = torch.lerp(output_a.to(dtype), output_b.to(dtype), share_b)  # (..., T_q, d_v)
     return output.to(out_dtype), log_sum_exp
 
 
@@ -514,8 +524,9 @@ def online_softmax_update(
             f"{tuple(scores.shape)} without its last dim"
         )
     new_max = torch.maximum(running_max, scores.amax(dim=-1))  # (...)
-    # While everything seen is -inf, shift by 0 so that exp(-inf - 0) = 0, not NaN.
-    shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))  # (...)
+    # While everything seen is -inf, shift by the lowest float, not -inf, so that
+    # exp(-inf - shift) = 0, not NaN.
+    shift = new_max.clamp_min(torch.finfo(new_max.dtype).min)  # (...)
     rescale = torch.exp(running_max - shift)  # (...)
     block_sum = torch.exp(scores - shift.unsqueeze(-1)).sum(dim=-1)  # (...)
     return new_max, running_sum * rescale + block_sum
@@ -664,6 +675,8 @@ def tiled_attention(
 
     num_queries, d_k = query.shape[-2:]
     num_keys, d_v = value.shape[-2:]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d_k)
     query = query.expand(*lead, num_queries, d_k)  # (..., T_q, d_k)
     key = key.expand(*lead, num_keys, d_k)  # (..., T_k, d_k)
     value = value.expand(*lead, num_keys, d_v)  # (..., T_k, d_v)
@@ -672,7 +685,8 @@ def tiled_attention(
     output, log_sum_exp = empty_partial(query, d_v)  # (..., T_q, d_v), (..., T_q)
     for q_start in range(0, num_queries, block_size):
         q_end = min(q_start + block_size, num_queries)
-        q_block = query[..., q_start:q_end, :]  # (..., Bq, d_k)
+        # Scaled once per block of queries, not once per tile.
+        q_block = query[..., q_start:q_end, :].to(output.dtype) * scale  # (..., Bq, d_k)
         state = empty_partial(q_block, d_v)  # (..., Bq, d_v), (..., Bq)
         first_key = 0
         if window is not None:
@@ -696,7 +710,7 @@ def tiled_attention(
                 }
             part = partial_attention(q_block, key[..., k_start:k_end, :],
                                      value[..., k_start:k_end, :], is_causal=masked,
-                                     window=window if masked else None, scale=scale,
+                                     window=window if masked else None, scale=1.0,
                                      **positions)  # (..., Bq, d_v), (..., Bq)
             state = merge_partials(*state, *part)
         output[..., q_start:q_end, :] = state[0]  # (..., Bq, d_v)

@@ -63,10 +63,13 @@ class _AllGatherSequence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_whole):
         # Every rank used every shard, so a shard's gradient is the sum over all ranks of
-        # their gradient for it: a reduce-scatter of the (B, H, T, d) gradients.
-        pieces = [piece.contiguous() for piece in grad_whole.chunk(ctx.world_size, dim=2)]
-        grad_shard = torch.empty_like(pieces[0])  # (B, H, T/P, d)
-        dist.reduce_scatter(grad_shard, pieces, group=ctx.group)
+        # their gradient for it: a reduce-scatter of the (B, H, T, d) gradients. It is written
+        # as an all-to-all (piece j to rank j) and a sum, the same messages, because the gloo
+        # backend of older PyTorch releases has no reduce_scatter.
+        pieces = torch.stack(grad_whole.chunk(ctx.world_size, dim=2))  # (P, B, H, T/P, d)
+        received = torch.empty_like(pieces)  # (P, B, H, T/P, d): piece j from rank j
+        dist.all_to_all_single(received, pieces, group=ctx.group)
+        grad_shard = received.sum(dim=0)  # (B, H, T/P, d), in rank order
         nbytes = (ctx.world_size - 1) * grad_shard.nbytes
         record_message("reduce_scatter", nbytes, nbytes)
         return grad_shard, None, None
@@ -106,13 +109,14 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _exchange(x, group, world_size, rank, split_dim, cat_dim):
-    outgoing = [part.contiguous() for part in x.chunk(world_size, dim=split_dim)]
-    incoming = [torch.empty_like(part) for part in outgoing]
-    dist.all_to_all(incoming, outgoing, group=group)
-    sent = sum(part.nbytes for index, part in enumerate(outgoing) if index != rank)
-    received = sum(part.nbytes for index, part in enumerate(incoming) if index != rank)
-    record_message("all_to_all", sent, received)
-    return torch.cat(incoming, dim=cat_dim)
+    # One tensor whose dim 0 is the destination (all_to_all_single: the gloo backend of
+    # older PyTorch releases has no list all_to_all).
+    outgoing = torch.stack(x.chunk(world_size, dim=split_dim))  # (P, ...): part j for rank j
+    incoming = torch.empty_like(outgoing)  # (P, ...): part j from rank j
+    dist.all_to_all_single(incoming, outgoing, group=group)
+    part_bytes = outgoing.nbytes // world_size
+    record_message("all_to_all", (world_size - 1) * part_bytes, (world_size - 1) * part_bytes)
+    return torch.cat(incoming.unbind(0), dim=cat_dim)
 
 
 def all_to_all(x: torch.Tensor, group, world_size: int, rank: int, split_dim: int,
