@@ -275,12 +275,12 @@ class _HeadedAttention(nn.Module):
             return self.mask[:num_tokens, :num_tokens]  # (T, T)
         return causal_mask(num_tokens, device=device)  # (T, T)
 
-    def _fused(self, queries, keys, values, allowed, square_causal, dropout_p, contiguous_cache):
+    def _fused(self, queries, keys, values, allowed, square_causal, dropout_p, lower_right):
         """PyTorch's fused attention, told as much as possible about the mask and the groups.
 
-        ``allowed`` is the whole mask (None: none but a square causal one, when
-        ``square_causal``); ``contiguous_cache`` says the keys are positions ``0 … T_k - 1``
-        and the queries the last ones, so the causal part of ``allowed`` is bottom-right.
+        ``allowed`` is the whole mask, or None when it is only causal: square
+        (``square_causal``), or bottom-right (``lower_right``: the keys are positions
+        ``0 … T_k - 1`` of a KVCache and the queries the last ones).
         """
         num_tokens, num_keys = queries.size(-2), keys.size(-2)
         if self.sink_logit is not None:
@@ -289,10 +289,10 @@ class _HeadedAttention(nn.Module):
             return fused_attention(queries, keys, values, allowed, dropout_p=dropout_p,
                                    sink_logit=self.sink_logit)  # (..., num_heads, T, head_dim)
         attn_mask, is_causal = allowed, False
-        if square_causal or (contiguous_cache and num_tokens == num_keys):
+        if square_causal or (lower_right and num_tokens == num_keys):
             # is_causal lets the fused kernel skip the tiles above the diagonal.
             attn_mask, is_causal = None, True
-        elif contiguous_cache:
+        elif lower_right:
             # Decoding with a KVCache: its keys are positions 0 … T_k - 1 and the queries the
             # last ones, so the diagonal is aligned bottom-right. causal_lower_right says so
             # without a mask tensor; a GPU kernel can then skip the blocks above the diagonal
@@ -401,7 +401,11 @@ class _HeadedAttention(nn.Module):
         keys = split_heads(self.W_key(source), self.num_kv_heads, self.head_dim)
         # (..., num_kv_heads, T_k, hd)
         values = split_heads(self.W_value(source), self.num_kv_heads, self.head_dim)
-        if kv_cache is not None:
+        # A KVCache holds positions 0 … T_k - 1, the new tokens last: for the fused kernel its
+        # causal mask is PyTorch's bottom-right one, which needs no mask tensor (_fused).
+        lower_right = (isinstance(kv_cache, KVCache) and self.backend == "sdpa" and self.causal
+                       and mask is None and self.sink_logit is None)
+        if kv_cache is not None and not lower_right:
             # Read the positions before the cache grows: the new tokens come after its tokens.
             query_positions = kv_cache.positions(num_tokens, x.device)  # (T,) or (B, T)
         if self.rope:
@@ -412,6 +416,9 @@ class _HeadedAttention(nn.Module):
         if kv_cache is not None:
             # The cache stores num_kv_heads heads: grouped-query attention's memory saving.
             keys, values = kv_cache.update(keys, values)  # (..., num_kv_heads, T_k, head_dim)
+        if lower_right:
+            allowed = None
+        elif kv_cache is not None:
             # Bottom-right causal by positions; a slot of the cache that holds no token is hidden.
             allowed = position_mask(query_positions, kv_cache.key_positions(x.device),
                                     causal=self.causal)  # (T, T_k) or (B, T, T_k)
@@ -429,10 +436,8 @@ class _HeadedAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
 
         if self.backend == "sdpa":
-            # A KVCache holds positions 0 … T_k - 1: its causal mask is PyTorch's bottom-right one.
-            contiguous = isinstance(kv_cache, KVCache) and self.causal and mask is None
             context_vec = self._fused(queries, keys, values, allowed, square_causal, dropout_p,
-                                      contiguous)  # (..., num_heads, T, head_dim)
+                                      lower_right)  # (..., num_heads, T, head_dim)
             attn_weights = None
         else:
             if group_size > 1:

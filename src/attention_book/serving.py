@@ -530,7 +530,6 @@ class PagedKVCache:
             gathered.append(tokens.transpose(0, 1).contiguous())  # (H_kv, T, head_dim)
         return gathered[0], gathered[1]
 
-
     def batch_views(self, seq_ids: Sequence[Hashable], num_new: int) -> list[PagedBatchView]:
         """Make room for ``num_new`` tokens of each sequence; one cache view per layer for the model.
 
