@@ -98,7 +98,8 @@ class PagedKVCache:
 
     Returns:
         (a class) ``blocks_in_use`` counts the blocks that some sequence holds;
-        ``block_nbytes`` is the bytes of one block (keys and values of every layer);
+        ``block_nbytes`` is the bytes of one block (keys, and values when stored, of every
+        layer);
         :meth:`batch_views` gives a model one cache per layer.
 
     Taught in chapter 16.
@@ -168,7 +169,7 @@ class PagedKVCache:
 
     @property
     def block_nbytes(self) -> int:
-        """Bytes of one block: the keys and values of ``block_size`` tokens in every layer."""
+        """Bytes of one block: the keys (and values, if stored) of ``block_size`` tokens, every layer."""
         return (2 if self.store_values else 1) * self.key_blocks[:, 0].nbytes
 
     @property
