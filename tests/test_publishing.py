@@ -148,14 +148,16 @@ def test_the_docs_do_not_repeat_the_address():
 # The install cell.
 
 
-def _run_install_cell(source: str, colab: bool) -> subprocess.CompletedProcess:
+def _run_install_cell(source: str, colab: bool, package: bool = True) -> subprocess.CompletedProcess:
     fake = "import sys, types; sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
-    return subprocess.run([sys.executable, "-c", (fake if colab else "") + source],
-                          capture_output=True, text=True, timeout=300)
+    missing = "import sys; sys.modules['attention_book'] = None  # the import fails\n"
+    return subprocess.run([sys.executable, "-c", (fake if colab else "") + ("" if package else missing)
+                           + source], capture_output=True, text=True, timeout=300)
 
 
-def test_the_install_cell_does_nothing_off_colab():
-    result = _run_install_cell(install_cell_source(ROOT), colab=False)
+@pytest.mark.parametrize("colab", [False, True], ids=["elsewhere", "colab"])
+def test_the_install_cell_does_nothing_where_the_package_imports(colab):
+    result = _run_install_cell(install_cell_source(ROOT), colab=colab)
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
 
 
@@ -163,7 +165,7 @@ def test_the_install_cell_says_what_failed_and_how_to_fix_it(tmp_path):
     """On Colab, an address that cannot be installed gives a message, not a bare pip traceback."""
     (tmp_path / "_config.yml").write_text(
         "repository:\n  url: https://example.invalid/nobody/attention-book\n  branch: main\n")
-    result = _run_install_cell(install_cell_source(tmp_path), colab=True)
+    result = _run_install_cell(install_cell_source(tmp_path), colab=True, package=False)
     assert result.returncode != 0
     message = result.stderr
     assert "RuntimeError: Could not install the book's package, which every cell below needs." in message
@@ -171,6 +173,18 @@ def test_the_install_cell_says_what_failed_and_how_to_fix_it(tmp_path):
             "git+https://example.invalid/nobody/attention-book@main'") in message
     assert "check the connection" in message and "new address" in message
     assert "CalledProcessError" not in message
+
+
+def test_off_colab_a_missing_package_gets_the_install_command_not_a_bare_import_error():
+    """Kaggle, a university hub, a plain Jupyter: the cell names the one line to run."""
+    url, branch = repository_setting(ROOT)
+    result = _run_install_cell(install_cell_source(ROOT), colab=False, package=False)
+    assert result.returncode != 0 and result.stdout == ""
+    message = result.stderr
+    assert "ModuleNotFoundError: This notebook needs the book's package, attention_book" in message
+    assert f"%pip install 'attention-book[book] @ git+{url}@{branch}'" in message
+    assert "restart the kernel" in message and "download.pytorch.org/whl/cpu" in message
+    assert "Traceback" in message and message.count("File ") == 1  # one frame: the cell itself
 
 
 # --------------------------------------------------------------------------------------
