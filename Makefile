@@ -45,11 +45,27 @@ test: $(STAMP) $(NODE_STAMP)
 	tools/ensure_chromium.sh
 	$(BIN)/python -m pytest -n 2
 
-## lab: JupyterLab on the repository, its file browser opened in practice/ (the chapters with
-## the exercises left to do, for learners); lab-chapters: the same, opened in chapters/ (the
-## chapters with their solutions, for authors)
-lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --ContentsManager.preferred_dir=practice
+## lab: what a learner needs (requirements-lab.txt: torch, JupyterLab, the book's package; not
+## the test and classroom tools), the practice notebooks copied into my-work/ (a folder git
+## ignores; a notebook already there is never overwritten, so your answers stay), and
+## JupyterLab opened there. lab-chapters: JupyterLab opened in chapters/ (the chapters with
+## their solutions, for authors), with everything make test installs
+LAB_STAMP := $(VENV)/.installed-lab
+MY_WORK := my-work
+$(LAB_STAMP): requirements-lab.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX_URL),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX_URL) \
+	    "$$(grep -m1 '^torch==' requirements-lab.txt)")
+	$(BIN)/python -m pip install --quiet -r requirements-lab.txt
+	touch $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
+	@mkdir -p $(MY_WORK)
+	@for notebook in practice/*.ipynb; do \
+	    test -e "$(MY_WORK)/$${notebook##*/}" || { cp "$$notebook" $(MY_WORK)/ && echo "copied $$notebook to $(MY_WORK)/"; }; \
+	done
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --ContentsManager.preferred_dir=$(MY_WORK)
 
 lab-chapters: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --ContentsManager.preferred_dir=chapters

@@ -15,8 +15,9 @@ Regenerate them with ``make practice`` (``python -m attention_book.classroom.pra
 The same command first applies the book's one repository setting, ``repository.url`` and
 ``repository.branch`` in ``_config.yml``, to every place that names the repository
 (:func:`sync_repository_setting`): the Colab install cell of every chapter (and so of every
-practice notebook generated from it), ``CITATION.cff`` and the branch that the website's
-deploy workflow publishes. The website's launch buttons read the setting themselves.
+practice notebook generated from it), ``CITATION.cff``, the branch that the website's
+deploy workflow publishes, and the clone command and help link of ``plan_your_path.md``. The
+website's launch buttons read the setting themselves.
 
 Not taught in a chapter: chapter 0 tells learners where the practice notebooks are.
 """
@@ -33,11 +34,16 @@ from pathlib import Path
 
 from .format import chapter_number, find_chapters
 
-__all__ = ["HEADER_ID", "repository_setting", "install_cell_source", "sync_repository_setting",
+__all__ = ["HEADER_ID", "PLAN_PAGE", "repository_setting", "install_cell_source", "sync_repository_setting",
            "practice_notebooks", "write_practice_notebooks", "main"]
 
 #: The id of the generated first cell, which says where the notebook comes from.
 HEADER_ID = "practice-header"
+
+#: The page with the routes through the book, the clone command and the help link.
+PLAN_PAGE = "plan_your_path.md"
+# The help link's text on that page; its address is the repository's issues page.
+_HELP_LINK = "[the book's issue tracker]"
 
 _CONFIG = """\
 # A throw-away nbgrader course that turns chapters into practice notebooks.
@@ -179,8 +185,9 @@ def sync_repository_setting(root: str | Path = ".",
     """Write the repository setting of ``_config.yml`` into every file that names it.
 
     Rewrites the Colab install cell of each chapter (:func:`install_cell_source`; the rest
-    of the notebook is left as it is), ``repository-code`` in ``CITATION.cff`` and the branch
-    that ``.github/workflows/pages.yml`` publishes from.
+    of the notebook is left as it is), ``repository-code`` in ``CITATION.cff``, the branch
+    that ``.github/workflows/pages.yml`` publishes from, and in ``plan_your_path.md`` the
+    clone command and the help link (the repository's issues page).
 
     Args:
         root: the repository root.
@@ -200,6 +207,10 @@ def sync_repository_setting(root: str | Path = ".",
     citation = Path(root, "CITATION.cff")
     if _sync_line(citation, r"^repository-code: .*$", f'repository-code: "{url}"'):
         changed.append(citation)
+    plan = Path(root, PLAN_PAGE)
+    clone = _sync_line(plan, r"^git clone \S+$", f"git clone {url}.git")
+    if _sync_line(plan, rf"{re.escape(_HELP_LINK)}\(\S+?\)", f"{_HELP_LINK}({url}/issues)") or clone:
+        changed.append(plan)
     workflow = Path(root, ".github", "workflows", "pages.yml")
     if _sync_line(workflow, r"^(\s+branches: )\[[^\]\n]*\]", rf"\g<1>[{branch}]"):
         changed.append(workflow)
