@@ -105,6 +105,17 @@ def test_a_prediction_checker_keeps_the_expected_value_back_and_structure_stays_
     assert "0.1978" not in capsys.readouterr().out
 
 
+def test_long_floats_in_a_list_are_shown_to_four_significant_digits(capsys):
+    @checker
+    def check_gather(values):
+        fail("the gathered keys", expected=[1.257474660873413, -0.5259637832641602],
+             actual=values, hint="h")
+
+    assert check_gather([[0.123456789, 2], (3.0000001,)]) is False
+    out = capsys.readouterr().out
+    assert "expected: [1.257, -0.526]" in out and "actual:   [[0.1235, 2], (3.0,)]" in out
+
+
 # --------------------------------------------------------------------------- 0.2 shapes
 
 RIGHT_SHAPES = {"last": (3, 4), "scores": (3, 5, 5), "totals": (3, 4), "row_sums": (3, 5, 1)}

@@ -103,10 +103,18 @@ def fail(prop: str, *, expected: object, actual: object, hint: str,
         expected = KEPT_BACK
     raise ExerciseFailure(
         f"Not yet. The check that failed: {prop}.\n"
-        f"  expected: {expected}\n"
-        f"  actual:   {actual}\n"
+        f"  expected: {_readable(expected)}\n"
+        f"  actual:   {_readable(actual)}\n"
         f"  hint:     {hint}"
     )
+
+
+def _readable(value: object) -> object:
+    """Floats inside a list or tuple to 4 significant digits, as the book prints numbers."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(float(f"{item:.4g}") if isinstance(item, float) else _readable(item)
+                           for item in value)
+    return value
 
 
 def passed(what: str) -> None:
