@@ -36,9 +36,12 @@ $(NODE_STAMP): package.json package-lock.json
 	touch $(NODE_STAMP)
 
 ## book: build the static website into _build/html and say where to open it (--quiet hides
-## Sphinx's progress, not its warnings, and -W makes any warning an error)
+## Sphinx's progress, not its warnings, and -W makes any warning an error). Opened as a file
+## the search lists pages without snippets (the browser refuses to fetch the page texts), so
+## it also prints the command that serves the site as a web host would
 book: $(BOOK_STAMP) $(NODE_STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going --quiet
+	@echo "Or serve it, for the search's snippets too: $(BIN)/python -m http.server -d _build/html 8000, then open http://127.0.0.1:8000"
 
 ## test: every test: package, notebooks (strict nbval), hygiene, ruff, the book build, on both
 ## cores (pytest-xdist; conftest.py decides which tests run together on one worker)
