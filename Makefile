@@ -36,9 +36,12 @@ $(NODE_STAMP): package.json package-lock.json
 	touch $(NODE_STAMP)
 
 ## book: build the static website into _build/html and say where to open it (--quiet hides
-## Sphinx's progress, not its warnings, and -W makes any warning an error)
+## Sphinx's progress, not its warnings, and -W makes any warning an error). Opened as a file
+## the search lists pages without snippets (the browser refuses to fetch the page texts), so
+## it also prints the command that serves the site as a web host would
 book: $(BOOK_STAMP) $(NODE_STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going --quiet
+	@echo "Or serve it, for the search's snippets too: $(BIN)/python -m http.server -d _build/html 8000, then open http://127.0.0.1:8000"
 
 ## test: every test: package, notebooks (strict nbval), hygiene, ruff, the book build, on both
 ## cores (pytest-xdist; conftest.py decides which tests run together on one worker)
@@ -47,11 +50,27 @@ test: $(STAMP) $(NODE_STAMP)
 	tools/ensure_seccomp.sh $(BIN)/python
 	$(BIN)/python -m pytest -n 2
 
-## lab: JupyterLab on the repository, its file browser opened in practice/ (the chapters with
-## the exercises left to do, for learners); lab-chapters: the same, opened in chapters/ (the
-## chapters with their solutions, for authors)
-lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --ContentsManager.preferred_dir=practice
+## lab: what a learner needs (requirements-lab.txt: torch, JupyterLab, the book's package; not
+## the test and classroom tools), the practice notebooks copied into my-work/ (a folder git
+## ignores; a notebook already there is never overwritten, so your answers stay), and
+## JupyterLab opened there. lab-chapters: JupyterLab opened in chapters/ (the chapters with
+## their solutions, for authors), with everything make test installs
+LAB_STAMP := $(VENV)/.installed-lab
+MY_WORK := my-work
+$(LAB_STAMP): requirements-lab.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX_URL),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX_URL) \
+	    "$$(grep -m1 '^torch==' requirements-lab.txt)")
+	$(BIN)/python -m pip install --quiet -r requirements-lab.txt
+	touch $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
+	@mkdir -p $(MY_WORK)
+	@for notebook in practice/*.ipynb; do \
+	    test -e "$(MY_WORK)/$${notebook##*/}" || { cp "$$notebook" $(MY_WORK)/ && echo "copied $$notebook to $(MY_WORK)/"; }; \
+	done
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --ContentsManager.preferred_dir=$(MY_WORK)
 
 lab-chapters: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --ContentsManager.preferred_dir=chapters

@@ -11,6 +11,9 @@ whole cell, behind a "Show" toggle) and the tag ``exercise-check`` (so the page 
 with the class ``tag_exercise-check``), and names the toggle. The notebooks themselves are not
 changed: in Jupyter a learner runs the check as it is. ``tests/test_browser.py`` checks that no
 check cell is visible unfolded and that every check cell of each chapter is folded.
+
+The answer cells (``solution: true``, folded by their ``hide-input`` tag) get a toggle that says
+what it hides, "Show the model answer", instead of myst-nb's "Show code cell source".
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ CHECK_TAG = "exercise-check"
 FOLD_TAG = "hide-cell"
 SHOW_PROMPT = "Show the check (hidden tests and result)"
 HIDE_PROMPT = "Hide the check"
+SHOW_ANSWER = "Show the model answer"
+HIDE_ANSWER = "Hide the model answer"
 
 
 def is_check_cell(cell: dict) -> bool:
@@ -31,10 +36,23 @@ def is_check_cell(cell: dict) -> bool:
     return cell.get("cell_type") == "code" and nbgrader.get("grade") is True
 
 
+def is_answer_cell(cell: dict) -> bool:
+    """True for an exercise's answer cell: a code cell nbgrader marks ``solution: true``."""
+    nbgrader = cell.get("metadata", {}).get("nbgrader", {})
+    return cell.get("cell_type") == "code" and nbgrader.get("solution") is True
+
+
 def fold_check_cells(notebook: dict) -> int:
-    """Tag every check cell of ``notebook`` (a parsed .ipynb) to be folded; return how many."""
+    """Tag every check cell of ``notebook`` (a parsed .ipynb) to be folded; return how many.
+
+    Also names the toggle of every answer cell ("Show the model answer").
+    """
     count = 0
     for cell in notebook.get("cells", []):
+        if is_answer_cell(cell):
+            prompts = cell.setdefault("metadata", {}).setdefault("mystnb", {})
+            prompts.setdefault("code_prompt_show", SHOW_ANSWER)
+            prompts.setdefault("code_prompt_hide", HIDE_ANSWER)
         if not is_check_cell(cell):
             continue
         metadata = cell.setdefault("metadata", {})
@@ -54,7 +72,8 @@ def _fold(app: Sphinx, docname: str, source: list[str]) -> None:
     if not str(app.env.doc2path(docname)).endswith(".ipynb"):
         return
     notebook = json.loads(source[0])
-    if fold_check_cells(notebook):
+    checks = fold_check_cells(notebook)
+    if checks or any(map(is_answer_cell, notebook.get("cells", []))):
         source[0] = json.dumps(notebook)
 
 

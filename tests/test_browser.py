@@ -13,6 +13,14 @@ sideways shows its cue, and every demo (chapter 9's probabilities included) is o
 phone-size screenshots are saved under ``_build/screenshots/phone/``. The accessibility scan
 runs at desktop size only.
 
+Still in the same visit: on the phone, no figure may be narrower than half the column, and
+every figure shown at under half its natural width must open at full size with one tap (it is
+a link to its own image file, ``_ext/figure_links.py``); printed on A4 (print media, a 718 px
+column), no line of code may run past the page; and in dark mode every text of a demo must
+reach a contrast of 4.5:1 (WCAG AA). Two tests make visits of their own: the search page (snippets quote the
+sentence with the word typed, ``_static/search_summary.js``) and one tap on a figure on a
+phone.
+
 Chromium: ``tools/ensure_chromium.sh`` (run by ``make test``) installs Debian's ``chromium`` when
 it is missing; set ``CHROMIUM`` to use another Chromium or Chrome binary. A missing browser is a
 test failure, never a skip.
@@ -38,7 +46,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # Each page's total transfer: the HTML and everything it loads, as compressed on the wire
 # (the test server gzips text files as GitHub Pages and other hosts do).
 MAX_PAGE_BYTES = 3_000_000
-WAIT_MS = 20_000  # the longest a page may take to typeset its math or draw a view
+# Every wait below ends as soon as its condition holds; these are only the limits, set for a
+# busy machine (at a load average of 20 on 2 cores a page took over 30 s to load and to
+# screenshot). WAIT_MS: the longest a page may take to typeset its math or draw a view (what is
+# still missing then is what the tests report); STEP_MS: any one step of Playwright (a load, a
+# click, a screenshot); SETTLE_MS: a transition or a resize to settle.
+WAIT_MS = 120_000
+STEP_MS = 180_000
+SETTLE_MS = 30_000
 DESKTOP = (1280, 900)
 SMALL_SCREENS = ((768, 1024), (390, 844))  # a tablet, a phone
 PHONE = (390, 844)
@@ -99,6 +114,10 @@ class PageReport:
     check_cells: list[dict] = field(default_factory=list)  # each exercise check cell: folded?
     hidden_tests_shown: bool = False  # "BEGIN HIDDEN TESTS" in the text a reader sees
     screens: dict = field(default_factory=dict)  # width -> what that screen size showed
+    printed: dict = field(default_factory=dict)  # the page as printed on A4
+    dark_contrast: list[dict] = field(default_factory=list)  # each demo text in dark mode
+    dark_axe_violations: list[dict] = field(default_factory=list)  # axe on the demos, dark mode
+    answer_toggles: list[str] = field(default_factory=list)  # what each answer's toggle says
     title: str = ""
     footer: str = ""
     screenshot: Path | None = None
@@ -180,7 +199,84 @@ BERTVIZ_READY_JS = """() => [...document.querySelectorAll('div[id^="bertviz-"]')
 
 IMAGES_JS = """() => [...document.querySelectorAll("img")].map(img => ({
   src: img.getAttribute("src"), alt: img.getAttribute("alt"),
-  loaded: img.complete && img.naturalWidth > 0}))"""
+  loaded: img.complete && img.naturalWidth > 0,
+  content: !!img.closest("article.bd-article"),
+  linked: !!img.closest("a[href]") && img.closest("a[href]").href === img.src}))"""
+
+# On a phone: how wide each figure of the article is shown, against its natural width and
+# the column's; `linked` when one tap on it opens its own image file.
+FIGURES_JS = """() => {
+  const article = document.querySelector("article.bd-article");
+  if (!article) { return []; }
+  const style = getComputedStyle(article);
+  const column = article.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  return [...article.querySelectorAll("img")].filter(img => img.checkVisibility()).map(img => {
+    const link = img.closest("a[href]");
+    return {src: img.getAttribute("src").split("/").pop().slice(0, 16),
+            width: Math.round(img.getBoundingClientRect().width), natural: img.naturalWidth,
+            column: Math.round(column), linked: !!link && link.href === img.src};
+  });
+}"""
+
+# The page printed on A4: the print stylesheet, a 718 px column (210 mm at 96 px per inch,
+# less Chromium's default margins), every fold open. A line of code runs past the page when
+# its box scrolls or clips it, or it reaches past the page's edge.
+PRINT_JS = r"""() => {
+  document.querySelectorAll("main details").forEach(fold => { fold.open = true; });
+  const width = document.documentElement.clientWidth;
+  const code = [...document.querySelectorAll("main pre")].filter(pre => pre.checkVisibility());
+  const cut = code.filter(pre => {
+    const r = pre.getBoundingClientRect();
+    if (pre.scrollWidth > pre.clientWidth + 1 || r.right > width + 0.5) { return true; }
+    for (let box = pre.parentElement; box && box !== document.body; box = box.parentElement) {
+      if (getComputedStyle(box).overflowX !== "visible" &&
+          r.right > box.getBoundingClientRect().right + 0.5) { return true; }
+    }
+    return false;
+  }).map(pre => pre.innerText.split("\n").reduce((a, b) => (b.length > a.length ? b : a)).slice(0, 70));
+  return {width, code: code.length, cut};
+}"""
+PRINT_PAGE = (718, 1000)
+
+# Dark mode as the theme's switch sets it, then the contrast of every text in a demo against
+# what is behind it (WCAG 2: (L1 + 0.05) / (L2 + 0.05), semi-transparent layers composited).
+DARK_MODE_JS = """() => { document.documentElement.dataset.theme = "dark";
+  document.documentElement.dataset.mode = "dark"; }"""
+DEMO_CONTRAST_JS = r"""() => {
+  const rgba = text => {
+    const v = text.match(/[\d.]+/g).map(Number);
+    return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1];
+  };
+  const over = (top, below) =>
+    [0, 1, 2].map(i => top[i] * top[3] + below[i] * (1 - top[3])).concat([1]);
+  const luminance = colour => colour.slice(0, 3).map(c => { c /= 255;
+    return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; })
+    .reduce((sum, c, i) => sum + c * [0.2126, 0.7152, 0.0722][i], 0);
+  function behind(el) {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const colour = rgba(getComputedStyle(e).backgroundColor);
+      if (colour[3] > 0) { layers.push(colour); }
+      if (colour[3] >= 1) { break; }
+    }
+    return layers.reverse().reduce((below, layer) => over(layer, below), [255, 255, 255, 1]);
+  }
+  return [...document.querySelectorAll(".ab-demo")].flatMap(demo => [...demo.querySelectorAll("*")]
+    .filter(el => el.checkVisibility() &&
+                  [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim()))
+    .map(el => {
+      const background = behind(el);
+      const [light, dark] = [luminance(over(rgba(getComputedStyle(el).color), background)),
+                             luminance(background)].sort((a, b) => b - a);
+      return {demo: demo.dataset.demo, tag: el.tagName.toLowerCase(),
+              text: el.textContent.trim().slice(0, 40),
+              ratio: Math.round(100 * (light + 0.05) / (dark + 0.05)) / 100};
+    }));
+}"""
+
+ANSWER_TOGGLES_JS = """() => [...document.querySelectorAll(".cell.tag_hide-input")]
+  .map(cell => { const fold = cell.querySelector("details summary");
+                 return fold ? fold.innerText.trim() : ""; })"""
 
 LINKS_JS = """() => [...document.querySelectorAll("a[href]")].map(a => a.href)"""
 
@@ -274,15 +370,18 @@ TOC_JS = """() => {
 }"""
 
 
+NEXT_FRAMES_JS = """() => new Promise(done =>
+  requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"""
+
 TRANSITIONS_DONE_JS = """() => document.getAnimations()
   .every(a => !(a instanceof CSSTransition) || a.playState !== "running")"""
 
 
 def _settle(page) -> None:
     """Wait until the page's CSS transitions (the sidebar's slide) have finished."""
-    page.wait_for_timeout(50)  # a transition starts on the next frame
+    page.evaluate(NEXT_FRAMES_JS)  # a transition starts on the next frame
     try:
-        page.wait_for_function(TRANSITIONS_DONE_JS, timeout=3_000)
+        page.wait_for_function(TRANSITIONS_DONE_JS, timeout=SETTLE_MS)
     except PlaywrightTimeoutError:
         pass  # what is still moving is what the tests report
 
@@ -323,11 +422,12 @@ def _on_screen(page, site, report: PageReport, width: int, height: int) -> dict:
     page.set_viewport_size({"width": width, "height": height})
     _settle(page)
     try:
-        page.wait_for_function(SCREEN_SETTLED_JS, timeout=3_000)
+        page.wait_for_function(SCREEN_SETTLED_JS, timeout=SETTLE_MS)
     except PlaywrightTimeoutError:
         pass  # the boxes still unmarked are what the test reports
     shown = page.evaluate(SCREEN_JS)
     shown["toc"] = _use_table_of_contents(page, desktop=width >= 992)
+    shown["figures"] = page.evaluate(FIGURES_JS)
     if (width, height) == PHONE:
         folder = site.screenshots / "phone"
         folder.mkdir(exist_ok=True)
@@ -386,8 +486,11 @@ def _exercise_demos(page) -> list[dict]:
     return results
 
 
-def _run_axe(page) -> list[dict]:
-    """Run axe-core (shipped by axe-playwright-python) and keep serious and critical findings."""
+def _run_axe(page, include: str | None = None) -> list[dict]:
+    """Run axe-core (shipped by axe-playwright-python) and keep serious and critical findings.
+
+    ``include``: a CSS selector to scan only what matches it (the whole document by default).
+    """
     # axe registers itself as an anonymous AMD module when require.js (bertviz) is on the
     # page; hide `define` while it loads so it lands on window.axe.
     page.evaluate("() => { window.__abDefine = window.define; window.define = undefined; }")
@@ -397,7 +500,9 @@ def _run_axe(page) -> list[dict]:
     # `@import "../basic.css"` against the page instead of the stylesheet and asks for a file
     # that does not exist.
     results = page.evaluate(
-        "async () => await axe.run(document, {resultTypes: ['violations'], preload: false})"
+        "async include => await axe.run(include ? {include: [[include]]} : document,"
+        " {resultTypes: ['violations'], preload: false})",
+        include,
     )
     return [
         {
@@ -411,12 +516,20 @@ def _run_axe(page) -> list[dict]:
     ]
 
 
+def _context(browser, **options):
+    """A browser context whose every step may take STEP_MS on a busy machine."""
+    context = browser.new_context(**options)
+    context.set_default_timeout(STEP_MS)
+    context.set_default_navigation_timeout(STEP_MS)
+    return context
+
+
 def visit(browser, site, docname: str) -> PageReport:
     """Load one page with the network closed and record everything the tests check."""
     url = urljoin(site.base_url, f"{docname}.html")
     report = PageReport(docname=docname, url=url)
     local = urlsplit(site.base_url).netloc
-    context = browser.new_context(viewport={"width": DESKTOP[0], "height": DESKTOP[1]})
+    context = _context(browser, viewport={"width": DESKTOP[0], "height": DESKTOP[1]})
     finished = []
 
     def route(route_obj):
@@ -488,6 +601,16 @@ def visit(browser, site, docname: str) -> PageReport:
         # The same page at every screen size, widest first, without reloading it.
         for width, height in (DESKTOP, *SMALL_SCREENS):
             report.screens[width] = _on_screen(page, site, report, width, height)
+        report.answer_toggles = page.evaluate(ANSWER_TOGGLES_JS)
+        # Printed, then in dark mode: both change the page, so they come last.
+        page.set_viewport_size({"width": PRINT_PAGE[0], "height": PRINT_PAGE[1]})
+        page.emulate_media(media="print")
+        report.printed = page.evaluate(PRINT_JS)
+        page.emulate_media(media="screen")
+        page.evaluate(DARK_MODE_JS)
+        report.dark_contrast = page.evaluate(DEMO_CONTRAST_JS)
+        if report.demos:  # axe's own contrast check, on the demos, in dark mode
+            report.dark_axe_violations = _run_axe(page, include=".ab-demo")
     finally:
         context.close()
     return report
@@ -756,6 +879,149 @@ def test_demos_and_attention_views_are_on_screen(page_report, docname):
             assert shown["viewsCut"] == 0, (
                 f"{docname} at {width} px: {shown['viewsCut']} attention views do not fit their "
                 "box (_static/wide_outputs.js scales them)")
+
+
+def test_every_figure_is_readable_on_a_phone(page_report):
+    """On a 390 px phone, counted over the whole book (so the messages say how many):
+
+    - no figure is narrower than half the column: a figure that small stays small when it is
+      opened on its own, so only redrawing it helps;
+    - every figure shown at under half its natural width (its labels a few pixels high) opens
+      at full size with one tap: it is a link to its own image file (_ext/figure_links.py), so
+      no reader has to pinch-zoom the page to read it.
+    """
+    narrow, small, unreadable, figures = [], [], [], 0
+    for docname in PAGES:
+        for figure in page_report(docname).screens[PHONE[0]]["figures"]:
+            figures += 1
+            if figure["width"] < figure["column"] / 2:
+                narrow.append(f"{docname}: {figure}")
+            if figure["width"] < figure["natural"] / 2:
+                small.append(docname)
+                if not figure["linked"]:
+                    unreadable.append(f"{docname}: {figure}")
+    assert figures >= 50, f"only {figures} figures on the phone: were the pages' images loaded?"
+    assert narrow == [], (
+        f"{len(narrow)} of {figures} figures are narrower than half the {PHONE[0]} px phone's "
+        f"column: {narrow}")
+    assert unreadable == [], (
+        f"{len(small)} of {figures} figures show at under half their width on a {PHONE[0]} px "
+        f"phone; these cannot be opened at full size with a tap: {unreadable}")
+
+
+@pages
+def test_every_figure_links_to_its_full_size_image(page_report, docname):
+    """On every screen: a figure of the article is a link to its own image file."""
+    unlinked = [image["src"] for image in page_report(docname).images
+                if image["content"] and not image["linked"]]
+    assert unlinked == [], f"{docname}: these figures are not links to their image: {unlinked}"
+
+
+def test_one_tap_opens_a_figure_at_full_size(browser, site):
+    """On a touch phone, tapping chapter 3's three-panel heatmap opens the image file itself."""
+    context = _context(browser, viewport={"width": PHONE[0], "height": PHONE[1]},
+                       is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.goto(urljoin(site.base_url, "chapters/03_trainable_qkv.html"), wait_until="load")
+        links = page.locator("article.bd-article a.ab-full-size")
+        page.wait_for_function("() => [...document.querySelectorAll('a.ab-full-size img')]"
+                               ".every(img => img.complete && img.naturalWidth > 0)")
+        small = page.evaluate("() => [...document.querySelectorAll('article.bd-article "
+                              "a.ab-full-size img')].findIndex(img => "
+                              "2 * img.getBoundingClientRect().width < img.naturalWidth)")
+        assert small >= 0, "chapter 3 has no figure shown at under half its width on a phone"
+        link = links.nth(small)
+        link.scroll_into_view_if_needed()
+        shown = link.locator("img").evaluate("img => [img.getBoundingClientRect().width, "
+                                             "img.naturalWidth, img.src]")
+        with page.expect_navigation():
+            link.tap()
+        size = page.evaluate("() => { const img = document.querySelector('img'); "
+                             "return img ? img.naturalWidth : 0; }")
+        assert page.url == shown[2] and size == shown[1] > 2 * shown[0], (page.url, size, shown)
+    finally:
+        context.close()
+
+
+@pages
+def test_printed_code_lines_stay_on_the_page(page_report, docname):
+    """With the print stylesheet on A4 every line of code wraps: none is cut at the page edge."""
+    printed = page_report(docname).printed
+    assert printed["cut"] == [], (
+        f"{docname}: printed on A4 ({printed['width']} px), these lines of code run past the "
+        f"page: {printed['cut'][:5]} (of {len(printed['cut'])}; see @media print in custom.css)")
+
+
+def test_printing_was_tested_on_code(page_report):
+    assert sum(page_report(docname).printed["code"] for docname in PAGES) > 500
+
+
+@pages
+def test_demo_text_is_readable_in_dark_mode(page_report, docname):
+    """Every text of a demo reaches 4.5:1 against its background in dark mode (WCAG AA)."""
+    texts = page_report(docname).dark_contrast
+    faint = [text for text in texts if text["ratio"] < 4.5]
+    assert faint == [], f"{docname}: in dark mode these demo texts are below 4.5:1: {faint}"
+
+
+@pages
+def test_demos_pass_axe_in_dark_mode(page_report, docname):
+    """axe-core's scan (its colour-contrast rule included) of the demos, in dark mode."""
+    violations = page_report(docname).dark_axe_violations
+    assert violations == [], f"{docname}: in dark mode axe finds in the demos: {violations}"
+
+
+def test_dark_mode_was_measured_on_every_demo_caption(page_report):
+    """The captions the trial measured at about 1.7:1 in dark mode ("Probability of each
+    sense", "Mask (1 = may attend)", "softmax(scores / τ) for each key") reach 4.5:1."""
+    captions = [text for docname in PAGES for text in page_report(docname).dark_contrast
+                if text["tag"] == "caption"]
+    demos = {text["demo"] for text in captions}
+    assert {"temperature", "mask-editor", "ambiguity"} <= demos, demos
+    faint = [caption for caption in captions if caption["ratio"] < 4.5]
+    assert faint == [], f"demo captions below 4.5:1 in dark mode: {faint}"
+
+
+@pytest.mark.parametrize("docname", [p for p in PAGES if (ROOT / f"{p}.ipynb").is_file()])
+def test_answer_toggles_say_what_they_hide(page_report, docname):
+    notebook = json.loads((ROOT / f"{docname}.ipynb").read_text(encoding="utf-8"))
+    answers = sum(map(_exercise_checks().is_answer_cell, notebook["cells"]))
+    toggles = page_report(docname).answer_toggles
+    assert toggles.count("Show the model answer") == answers > 0, (docname, answers, toggles)
+
+
+SEARCH_DONE_JS = """() => /Search finished/.test((document.querySelector("#search-results") ||
+    document.body).innerText) && [...document.querySelectorAll("#search-results li")]
+    .every(item => item.querySelector("p.context"))"""
+
+
+def _search(page, site, query: str) -> dict[str, str]:
+    page.goto(urljoin(site.base_url, f"search.html?q={query}"), wait_until="load")
+    page.wait_for_function(SEARCH_DONE_JS)
+    return dict(page.evaluate("""() => [...document.querySelectorAll("#search-results li")]
+        .map(item => [item.querySelector("a").getAttribute("href").split("#")[0],
+                      item.querySelector("p.context").innerText])"""))
+
+
+def test_search_snippets_quote_the_sentence_with_the_word(browser, site):
+    """'rotary' is stemmed to 'rotari', which Sphinx's own snippet never finds: the snippet
+    must be a sentence of chapter 12 with the word, not the page's buttons or contents list."""
+    context = _context(browser, viewport={"width": DESKTOP[0], "height": DESKTOP[1]})
+    try:
+        page = context.new_page()
+        snippets = _search(page, site, "rotary")
+        chapter = snippets.get("chapters/12_positions_in_attention.html", "")
+        assert re.search(r"\brotary\b", chapter, re.I) and len(chapter) > 40, snippets
+        for snippet in snippets.values():
+            assert "rotary" in snippet.lower() and not re.match(r"\W*(Binder|Repository)", snippet), (
+                snippets)
+        snippets = _search(page, site, "softmax temperature")
+        assert snippets and all("temperature" in s.lower() or "softmax" in s.lower()
+                                for s in snippets.values()), snippets
+        assert not any("\\(" in s or "\\sqrt" in s for s in snippets.values()), snippets
+    finally:
+        context.close()
 
 
 def test_chapter_9_demo_shows_every_probability_on_every_screen(page_report):

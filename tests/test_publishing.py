@@ -1,9 +1,13 @@
 """What publishing the book needs: one repository setting, licences, citation, Binder, clean re-runs.
 
 * **One setting.** ``repository.url`` and ``repository.branch`` in ``_config.yml`` name the
-  book's repository; ``make practice`` writes them everywhere else. A test changes them in a copy
-  of the repository, runs ``make practice``'s command there, builds a page, and checks that
-  every place follows and the old address is left nowhere.
+  book's repository; ``make practice`` writes them everywhere else (the help link and the clone
+  command of ``plan_your_path.md`` included). A test changes them in a copy of the repository,
+  runs ``make practice``'s command there, builds two pages, and checks that every place
+  follows and the old address is left nowhere.
+* **Plan your path** (``plan_your_path.md``): its times are the instructor guide's, its
+  prerequisites are what each chapter's "You should already know" names, and every route's
+  total adds up and never uses a chapter before the chapters it needs.
 * **The Colab install cell** says what went wrong when the package cannot be installed.
 * **Licences and citation:** ``LICENSE`` (MIT, the code), ``LICENSE-TEXT`` (CC BY 4.0, the
   text), ``CITATION.cff`` (Citation File Format 1.2.0).
@@ -19,6 +23,7 @@ so they belong to the tests of the built book).
 
 from __future__ import annotations
 
+import html as html_lib
 import importlib.metadata
 import importlib.util
 import json
@@ -35,7 +40,7 @@ import yaml
 from repository_files import copy_repository, repository_files
 
 from attention_book.classroom.format import find_chapters
-from attention_book.classroom.practice import install_cell_source, repository_setting
+from attention_book.classroom.practice import PLAN_PAGE, install_cell_source, repository_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = find_chapters(ROOT)
@@ -98,10 +103,14 @@ def test_the_repository_setting_reaches_every_place(tmp_path):
     assert citation["repository-code"] == NEW_URL
     workflow = yaml.safe_load((copy / ".github" / "workflows" / "pages.yml").read_text())
     assert workflow[True]["push"]["branches"] == [NEW_BRANCH]  # PyYAML reads the key `on` as True
+    plan = (copy / PLAN_PAGE).read_text()
+    assert f"\ngit clone {NEW_URL}.git\n" in plan
+    assert f"[the book's issue tracker]({NEW_URL}/issues)" in plan
 
-    # The website's buttons: build one chapter's page from the copy.
+    # The website's buttons and the help link: build one chapter's page and the plan from the copy.
     (copy / "_toc.yml").write_text(
-        f"format: jb-book\nroot: intro\nchapters:\n  - file: chapters/{CHAPTERS[2].stem}\n")
+        f"format: jb-book\nroot: intro\nchapters:\n  - file: chapters/{CHAPTERS[2].stem}\n"
+        f"  - file: {Path(PLAN_PAGE).stem}\n")
     (copy / "node_modules").symlink_to(ROOT / "node_modules")
     build = subprocess.run([str(Path(sys.executable).with_name("jupyter-book")), "build", str(copy)],
                            cwd=copy, capture_output=True, text=True, timeout=600)
@@ -113,12 +122,15 @@ def test_the_repository_setting_reaches_every_place(tmp_path):
     assert f"https://colab.research.google.com/github/{owner_name}/blob/{NEW_BRANCH}/{practice}" in html
     assert f"https://mybinder.org/v2/gh/{owner_name}/{NEW_BRANCH}?urlpath=tree/{practice}" in html
     assert f'href="{NEW_URL}"' in html and f"{NEW_URL}/issues/new" in html
+    plan_html = (copy / "_build" / "html" / f"{Path(PLAN_PAGE).stem}.html").read_text()
+    plan_text = html_lib.unescape(re.sub(r"<[^>]+>", "", plan_html))  # code is split into spans
+    assert f'href="{NEW_URL}/issues"' in plan_html and f"git clone {NEW_URL}.git" in plan_text
 
     # And the old address is left nowhere: not in a file of the repository, not on the page.
     stale = [name for name in repository_files()
              if (copy / name).suffix not in {".png", ".svg", ".ico"}
              and old_url in (copy / name).read_text(encoding="utf-8", errors="replace")]
-    assert stale == [] and old_url not in html, f"still naming {old_url}: {stale}"
+    assert stale == [] and old_url not in html + plan_html, f"still naming {old_url}: {stale}"
 
 
 def test_the_setting_is_checked():
@@ -148,14 +160,16 @@ def test_the_docs_do_not_repeat_the_address():
 # The install cell.
 
 
-def _run_install_cell(source: str, colab: bool) -> subprocess.CompletedProcess:
+def _run_install_cell(source: str, colab: bool, package: bool = True) -> subprocess.CompletedProcess:
     fake = "import sys, types; sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
-    return subprocess.run([sys.executable, "-c", (fake if colab else "") + source],
-                          capture_output=True, text=True, timeout=300)
+    missing = "import sys; sys.modules['attention_book'] = None  # the import fails\n"
+    return subprocess.run([sys.executable, "-c", (fake if colab else "") + ("" if package else missing)
+                           + source], capture_output=True, text=True, timeout=300)
 
 
-def test_the_install_cell_does_nothing_off_colab():
-    result = _run_install_cell(install_cell_source(ROOT), colab=False)
+@pytest.mark.parametrize("colab", [False, True], ids=["elsewhere", "colab"])
+def test_the_install_cell_does_nothing_where_the_package_imports(colab):
+    result = _run_install_cell(install_cell_source(ROOT), colab=colab)
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
 
 
@@ -163,7 +177,7 @@ def test_the_install_cell_says_what_failed_and_how_to_fix_it(tmp_path):
     """On Colab, an address that cannot be installed gives a message, not a bare pip traceback."""
     (tmp_path / "_config.yml").write_text(
         "repository:\n  url: https://example.invalid/nobody/attention-book\n  branch: main\n")
-    result = _run_install_cell(install_cell_source(tmp_path), colab=True)
+    result = _run_install_cell(install_cell_source(tmp_path), colab=True, package=False)
     assert result.returncode != 0
     message = result.stderr
     assert "RuntimeError: Could not install the book's package, which every cell below needs." in message
@@ -171,6 +185,18 @@ def test_the_install_cell_says_what_failed_and_how_to_fix_it(tmp_path):
             "git+https://example.invalid/nobody/attention-book@main'") in message
     assert "check the connection" in message and "new address" in message
     assert "CalledProcessError" not in message
+
+
+def test_off_colab_a_missing_package_gets_the_install_command_not_a_bare_import_error():
+    """Kaggle, a university hub, a plain Jupyter: the cell names the one line to run."""
+    url, branch = repository_setting(ROOT)
+    result = _run_install_cell(install_cell_source(ROOT), colab=False, package=False)
+    assert result.returncode != 0 and result.stdout == ""
+    message = result.stderr
+    assert "ModuleNotFoundError: This notebook needs the book's package, attention_book" in message
+    assert f"%pip install 'attention-book[book] @ git+{url}@{branch}'" in message
+    assert "restart the kernel" in message and "download.pytorch.org/whl/cpu" in message
+    assert "Traceback" in message and message.count("File ") == 1  # one frame: the cell itself
 
 
 # --------------------------------------------------------------------------------------
@@ -343,9 +369,125 @@ def test_make_execute_records_no_timing_joins_streams_and_warns_of_nothing(tmp_p
 
 
 # --------------------------------------------------------------------------------------
+# Plan your path: the routes, times and prerequisites agree with the chapters and the guide.
+
+_RANGE = r"\d+(?:\s*[–-]\s*\d+)?"
+
+
+def _numbers(text: str) -> set[int]:
+    """The chapter numbers in a list such as "2–4, 7" or "5 and 6"."""
+    numbers: set[int] = set()
+    for item in re.findall(_RANGE, text):
+        ends = [int(end) for end in re.split(r"[–-]", item)]
+        numbers.update(range(ends[0], ends[-1] + 1))
+    return numbers
+
+
+def _named_in_should_know(chapter: Path) -> set[int]:
+    """The chapters that a chapter's "You should already know" names."""
+    first = "".join(nbformat.read(chapter, as_version=4).cells[0].source)
+    known = first.split("**You should already know**", 1)[1]
+    lists = re.findall(rf"chapters?\s+({_RANGE}(?:(?:,\s*|\s+and\s+){_RANGE})*)", known)
+    return set().union(*map(_numbers, lists)) if lists else set()
+
+
+def _minutes(text: str) -> int:
+    match = re.fullmatch(r"(\d+) h(?: (\d+) min)?|(\d+) min", text.strip())
+    assert match, f"not a time: {text!r}"
+    hours, minutes, only = match.groups()
+    return int(only) if only else 60 * int(hours) + int(minutes or 0)
+
+
+def _guide_times() -> dict[int, tuple[int, int]]:
+    rows = re.findall(r"^\| (\d+)\. [^|]+\|[^|]+\| (\d+) min \| (\d+) min \|$",
+                      (ROOT / "instructor_guide.md").read_text(), re.M)
+    return {int(n): (int(study), int(exercises)) for n, study, exercises in rows}
+
+
+def _plan_rows() -> dict[int, dict]:
+    rows = {}
+    for line in (ROOT / PLAN_PAGE).read_text().splitlines():
+        match = re.fullmatch(r"\| (?:\[(\d+)\. [^\]]+\]\(([^)]+)\)|(\d+)\. ([^|]+)) \| (\d+) min(, "
+                             r"provisional)? \| (\d+) min(, provisional)? \| ([^|]+) \|", line)
+        if match:
+            linked, target, plain, title, study, p1, exercises, p2, needs = match.groups()
+            rows[int(linked or plain)] = {
+                "target": target, "title": title, "times": (int(study), int(exercises)),
+                "provisional": [bool(p1), bool(p2), "provisional" in needs],
+                "named": _numbers(needs.replace("provisional", "")),
+                "needs": _numbers(needs.split("(")[0].replace("provisional", ""))}
+    return rows
+
+
+def _routes() -> list[tuple[list[int], int, int, int]]:
+    text = re.sub(r"\s+", " ", (ROOT / PLAN_PAGE).read_text())
+    return [([int(n) for n in chapters.split("→")], _minutes(total), _minutes(study),
+             _minutes(exercises))
+            for chapters, total, study, exercises in re.findall(
+                r"Chapters ((?:\d+ → )+\d+): ([\d a-z]+?) \(([\d a-z]+?) of study, ([\d a-z]+?) "
+                r"of exercises\)", text)]
+
+
+def test_the_plan_has_every_chapter_with_the_guides_times():
+    guide, plan = _guide_times(), _plan_rows()
+    numbers = {int(path.name[:2]): path for path in CHAPTERS}
+    for number, path in numbers.items():
+        row = plan.get(number)
+        assert row, f"{PLAN_PAGE} has no row for chapter {number}"
+        assert row["target"] == f"chapters/{path.name}", row
+        assert row["times"] == guide[number] and not any(row["provisional"]), (
+            f"{PLAN_PAGE}, chapter {number}: {row['times']} min, the instructor guide "
+            f"{guide.get(number)}: copy the guide's times and drop 'provisional'")
+    for number, row in plan.items():
+        if number in numbers:
+            continue
+        assert all(row["provisional"]) and "(being written)" in row["title"], (
+            f"{PLAN_PAGE}: chapter {number} has no notebook, so its row says it is being "
+            "written and its times and needs are provisional")
+        assert number not in guide, (
+            f"the instructor guide has times for chapter {number}: copy them into {PLAN_PAGE}")
+    assert Path(PLAN_PAGE).stem in [entry for entry in re.findall(
+        r"- file: (\S+)", (ROOT / "_toc.yml").read_text())], "the plan is not in _toc.yml"
+
+
+def test_the_plan_names_what_each_chapter_says_it_needs():
+    plan = _plan_rows()
+    for chapter in CHAPTERS:
+        number = int(chapter.name[:2])
+        assert plan[number]["named"] == _named_in_should_know(chapter), (
+            f"{PLAN_PAGE}, chapter {number}: needs {sorted(plan[number]['named'])}, its 'You "
+            f"should already know' names {sorted(_named_in_should_know(chapter))}")
+    assert _named_in_should_know(CHAPTERS[12]) == {1, 2, 3, 4, 5, 7, 10, 11}  # ranges, links
+
+
+def test_every_route_adds_up_and_never_uses_a_chapter_before_what_it_needs():
+    plan, routes = _plan_rows(), _routes()
+    assert len(routes) == 3, routes
+    core = routes[0][0]
+    for chapters, total, study, exercises in routes:
+        times = [plan[number]["times"] for number in chapters]
+        assert (study, exercises) == tuple(map(sum, zip(*times, strict=True))), chapters
+        assert total == study + exercises, chapters
+        read = set() if chapters is core else set(core)
+        for number in chapters:
+            missing = plan[number]["needs"] - read
+            assert not missing, f"the route {chapters} reaches {number} before {sorted(missing)}"
+            read.add(number)
+    text = re.sub(r"\s+", " ", (ROOT / PLAN_PAGE).read_text())
+    days = re.findall(r"day \d: chapters? ([\d, and]+) \(([\d a-z]+)\)", text)
+    assert [n for chapters, _ in days for n in sorted(_numbers(chapters))] == core
+    for chapters, time in days:
+        assert _minutes(time) == sum(sum(plan[n]["times"]) for n in _numbers(chapters)), time
+    study, exercises = (sum(plan[int(p.name[:2])]["times"][i] for p in CHAPTERS) for i in (0, 1))
+    hours = re.search(r"take about (\d+) hours: (\d+) of study and (\d+) of exercises", text)
+    assert hours and tuple(map(int, hours.groups())) == (
+        round((study + exercises) / 60), round(study / 60), round(exercises / 60)), hours
+
+
+# --------------------------------------------------------------------------------------
 # Docs that match the tree.
 
-_DOCS = ("README.md", "CONTRIBUTING.md", "intro.md", "tools/numerics/README.md",
+_DOCS = ("README.md", "CONTRIBUTING.md", "intro.md", PLAN_PAGE, "tools/numerics/README.md",
          "tools/numerics/pinned.env", "tools/numerics/alternate.env", "requirements.txt",
          "requirements-book.txt", "binder/requirements.txt", "_config.yml")
 _PATH = re.compile(r"(?<![\w/.-])((?:\.\./)*(?:[\w.-]+/)+[\w.-]+\.(?:py|md|txt|yml|yaml|env|cfg|"

@@ -6,7 +6,8 @@ classroom assignments, in a throw-away course folder, so every answer cell is cu
 its signature and docstring plus ``raise NotImplementedError()`` and the hidden tests are
 gone. Unlike a classroom release, a practice notebook keeps the chapter's outputs (figures,
 demos, printed checks), so it reads like the website; only the outputs of the answer and
-check cells are removed, so no "Correct" is stored under an empty answer.
+check cells are removed, so no "Correct" is stored under an empty answer, and the sentence of
+the exercise section that sends a reader to the practice version says they are in it.
 
 Regenerate them with ``make practice`` (``python -m attention_book.classroom.practice``);
 ``tests/test_practice.py`` fails when one is out of date with its chapter.
@@ -14,8 +15,9 @@ Regenerate them with ``make practice`` (``python -m attention_book.classroom.pra
 The same command first applies the book's one repository setting, ``repository.url`` and
 ``repository.branch`` in ``_config.yml``, to every place that names the repository
 (:func:`sync_repository_setting`): the Colab install cell of every chapter (and so of every
-practice notebook generated from it), ``CITATION.cff`` and the branch that the website's
-deploy workflow publishes. The website's launch buttons read the setting themselves.
+practice notebook generated from it), ``CITATION.cff``, the branch that the website's
+deploy workflow publishes, and the clone command and help link of ``plan_your_path.md``. The
+website's launch buttons read the setting themselves.
 
 Not taught in a chapter: chapter 0 tells learners where the practice notebooks are.
 """
@@ -32,11 +34,16 @@ from pathlib import Path
 
 from .format import chapter_number, find_chapters
 
-__all__ = ["HEADER_ID", "repository_setting", "install_cell_source", "sync_repository_setting",
+__all__ = ["HEADER_ID", "PLAN_PAGE", "repository_setting", "install_cell_source", "sync_repository_setting",
            "practice_notebooks", "write_practice_notebooks", "main"]
 
 #: The id of the generated first cell, which says where the notebook comes from.
 HEADER_ID = "practice-header"
+
+#: The page with the routes through the book, the clone command and the help link.
+PLAN_PAGE = "plan_your_path.md"
+# The help link's text on that page; its address is the repository's issues page.
+_HELP_LINK = "[the book's issue tracker]"
 
 _CONFIG = """\
 # A throw-away nbgrader course that turns chapters into practice notebooks.
@@ -51,33 +58,57 @@ c.ClearOutput.enabled = False
 _HEADER = """\
 **Practice version of chapter {number}.** The exercises at the end are yours to do: each answer
 cell holds only the function's signature and docstring. Write your code in place of
-`raise NotImplementedError()`, run the cell, then run the check cell below it, which tells you
-what is still wrong. The chapter with its solutions is on the book's website.
+`raise NotImplementedError()`, run the cell, then run the check cell below it. A check that
+fails prints what is still wrong, with a hint, and then stops with an `AssertionError`: the
+error only marks the check as failed, and the message above it says why. The chapter with its
+solutions is on the book's website.
 
-*This notebook is generated from `chapters/{name}` by `make practice`; do not edit it by hand.*"""
+Work in your own copy of this notebook: `make lab` puts one in `my-work/` (git ignores that
+folder and `make practice` never writes there); on Colab, use *File → Save a copy in Drive*.
+
+*For the book's authors: this notebook is generated from `chapters/{name}` by `make practice`;
+change the chapter, not this file.*"""
+
+# A chapter's exercise section sends its reader to the practice version; in the practice
+# version itself that sentence becomes this one.
+_GO_TO_PRACTICE = re.compile(
+    r"Do (?:the exercises|them) in (?:the|this) (?:chapter's )?practice\s+version\b[^.]*\.")
+_HERE = "You are in the practice version: do the exercises below, then run each check."
 
 
 # The first code cell of every chapter. `make practice` writes it from _config.yml; the hygiene
-# test compares each chapter's cell with it. Off Colab it does nothing and prints nothing.
+# test compares each chapter's cell with it. Where the package imports (a local clone, a
+# hub with it installed, Colab after the first run) it does nothing and prints nothing.
 _INSTALL_CELL = """\
-# On Colab, install the book's package; everywhere else this cell does nothing.
+# Install the book's package where it is missing: on Colab; anywhere else, say how.
 import sys
 
-if "google.colab" in sys.modules:
-    import subprocess
-
+try:
+    import attention_book  # noqa: F401
+except ImportError:
     _package = {package}
-    print("Installing the book's package (about a minute)...", flush=True)
-    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", _package],
-                          capture_output=True, text=True)
-    if _pip.returncode != 0:
-        raise RuntimeError(
-            "Could not install the book's package, which every cell below needs.\\n"
-            f"pip tried: pip install '{{_package}}'\\n"
-            "Is this runtime online? Installing needs the internet: check the connection, then\\n"
-            "run this cell again. Does the address after 'git+' open in a browser? If the book\\n"
-            "has moved, put its new address in this cell, and tell the book's authors.\\n"
-            "What pip said:\\n" + _pip.stderr[-2000:]
+    if "google.colab" in sys.modules:
+        import subprocess
+
+        print("Installing the book's package (about a minute)...", flush=True)
+        _pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", _package],
+                              capture_output=True, text=True)
+        if _pip.returncode != 0:
+            raise RuntimeError(
+                "Could not install the book's package, which every cell below needs.\\n"
+                f"pip tried: pip install '{{_package}}'\\n"
+                "Is this runtime online? Installing needs the internet: check the connection,\\n"
+                "then run this cell again. Does the address after 'git+' open in a browser? If\\n"
+                "the book has moved, put its new address in this cell, and tell its authors.\\n"
+                "What pip said:\\n" + _pip.stderr[-2000:]
+            ) from None
+    else:
+        raise ModuleNotFoundError(
+            "This notebook needs the book's package, attention_book, and this kernel's Python\\n"
+            "does not have it. Install it from a cell of its own, then restart the kernel:\\n"
+            f"    %pip install '{{_package}}'\\n"
+            "(It needs PyTorch. On Linux, pip's default torch is the large CUDA build: install\\n"
+            "torch from https://download.pytorch.org/whl/cpu first if you have no GPU.)"
         ) from None"""
 
 _PACKAGE = "attention-book[book] @ git+{url}@{branch}"
@@ -154,8 +185,9 @@ def sync_repository_setting(root: str | Path = ".",
     """Write the repository setting of ``_config.yml`` into every file that names it.
 
     Rewrites the Colab install cell of each chapter (:func:`install_cell_source`; the rest
-    of the notebook is left as it is), ``repository-code`` in ``CITATION.cff`` and the branch
-    that ``.github/workflows/pages.yml`` publishes from.
+    of the notebook is left as it is), ``repository-code`` in ``CITATION.cff``, the branch
+    that ``.github/workflows/pages.yml`` publishes from, and in ``plan_your_path.md`` the
+    clone command and the help link (the repository's issues page).
 
     Args:
         root: the repository root.
@@ -175,6 +207,10 @@ def sync_repository_setting(root: str | Path = ".",
     citation = Path(root, "CITATION.cff")
     if _sync_line(citation, r"^repository-code: .*$", f'repository-code: "{url}"'):
         changed.append(citation)
+    plan = Path(root, PLAN_PAGE)
+    clone = _sync_line(plan, r"^git clone \S+$", f"git clone {url}.git")
+    if _sync_line(plan, rf"{re.escape(_HELP_LINK)}\(\S+?\)", f"{_HELP_LINK}({url}/issues)") or clone:
+        changed.append(plan)
     workflow = Path(root, ".github", "workflows", "pages.yml")
     if _sync_line(workflow, r"^(\s+branches: )\[[^\]\n]*\]", rf"\g<1>[{branch}]"):
         changed.append(workflow)
@@ -191,13 +227,18 @@ def _run_generate(course: Path, names: Sequence[str]) -> None:
 
 
 def _clean(notebook: dict, chapter: Path) -> dict:
-    """Remove the answer and check cells' outputs and add the header cell."""
+    """Remove the answer and check cells' outputs, point the exercises here, add the header."""
     for cell in notebook["cells"]:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         cell.get("metadata", {}).pop("execution", None)  # run timestamps: not part of a chapter
         if cell["cell_type"] == "code" and (meta.get("solution") or meta.get("grade")):
             cell["outputs"] = []
             cell["execution_count"] = None
+        if cell["cell_type"] == "markdown":
+            source = "".join(cell["source"])
+            here = _GO_TO_PRACTICE.sub(_HERE, source)
+            if here != source:
+                cell["source"] = here.splitlines(keepends=True)
     header = {
         "cell_type": "markdown",
         "id": HEADER_ID,

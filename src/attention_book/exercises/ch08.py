@@ -83,7 +83,7 @@ def check_top_head(fn) -> None:
     passed("you find the head that attends most from one token to another, by computation.")
 
 
-@checker
+@checker(reveal=False)  # a prediction: the expected value is kept back
 def check_predicted_bias_effects(fn) -> None:
     """Check the prediction ``fn()`` about removing the query or the key bias of a BERT layer.
 

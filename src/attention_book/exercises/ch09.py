@@ -21,7 +21,7 @@ __all__ = [
 PREDICTION_BAND = (0.70, 0.85)
 
 
-@checker
+@checker(reveal=False)  # a prediction: the expected value is kept back
 def check_predicted_accuracy_without_positions(fn) -> None:
     """Check the prediction ``fn()`` of the test accuracy of chapter 9's model without positions.
 
@@ -291,7 +291,7 @@ _COUNT_HINT = ("Count, in the training split, where the deciding word stood (cue
                "here (its word_index, counting from 0).")
 
 
-@checker
+@checker(reveal=False)  # a prediction: the expected value is kept back
 def check_predicted_attended_word(fn) -> None:
     """Check the prediction ``fn()`` of the word *minute* attends to most in exercise 9.4's sentence.
 

@@ -119,7 +119,7 @@ def _round(slopes: torch.Tensor) -> list[float]:
 # --------------------------------------------------------------------------- exercise 12.2
 
 
-@checker
+@checker(reveal=False)  # a prediction: the expected value is kept back
 def check_changed_scores(fn) -> None:
     """Check the prediction ``fn()``: which of 4 x 4 scores change when the pairing is swapped.
 

@@ -11,10 +11,19 @@ turns that into one printed report (the property, expected vs actual, a hint) an
 
 so the learner reads each message once, above a one-line ``AssertionError`` from their own
 cell, never a traceback through this package; and nbgrader marks a failed check as failed.
+
+**Predictions keep their answer back.** An exercise that asks the learner to predict a value
+before running anything ("on paper", "by hand") is checked by a checker decorated with
+``@checker(reveal=False)``. Its failures still name the property that failed, show what the
+learner gave and give a hint, but the expected value is replaced by :data:`KEPT_BACK`; only
+the success message, once the prediction is right, states the value. Structural
+properties (the answer is a function, returns a tensor of the shape the exercise names, runs
+without an error) are shown as usual: they are part of the question, not of its answer.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import numbers
 from collections.abc import Callable, Sequence
@@ -23,27 +32,42 @@ import torch
 
 __all__ = [
     "ExerciseFailure", "checker", "fail", "passed", "expect_shape", "expect_close",
-    "expect_true", "expect_int", "call",
+    "expect_true", "expect_int", "call", "KEPT_BACK",
 ]
+
+#: What a prediction's checker shows instead of the expected value while the answer is wrong.
+KEPT_BACK = ("kept back, since this exercise asks for your own prediction: work it out again "
+             "with the hint; the value is shown once yours is right")
+
+# False while a checker of a prediction runs (``@checker(reveal=False)``).
+_REVEAL = contextvars.ContextVar("attention_book_exercises_reveal", default=True)
 
 
 class ExerciseFailure(AssertionError):
     """An exercise answer broke a property; the message says which and how to fix it."""
 
 
-def checker(check: Callable) -> Callable:
+def checker(check: Callable | None = None, *, reveal: bool = True) -> Callable:
     """Make ``check`` print its feedback once and return ``True`` (right) or ``False``.
+
+    Used bare, ``@checker``, or for a prediction exercise as ``@checker(reveal=False)``.
 
     Args:
         check: a function that raises :class:`ExerciseFailure` at the first broken property
             and calls :func:`passed` at the end.
+        reveal: False for a prediction: while ``check`` runs, a failure shows
+            :data:`KEPT_BACK` instead of the expected value (see :func:`fail`).
 
     Returns:
-        The wrapped checker, with the same name and docstring.
+        The wrapped checker, with the same name and docstring (or, called with ``reveal``
+        only, a decorator that makes one).
     """
+    if check is None:
+        return functools.partial(checker, reveal=reveal)
 
     @functools.wraps(check)
     def run(*args, **kwargs) -> bool:
+        mode = _REVEAL.set(reveal)
         try:
             check(*args, **kwargs)
         except ExerciseFailure as failure:
@@ -55,19 +79,42 @@ def checker(check: Callable) -> Callable:
                   "  hint:     return what the exercise asks for (a tensor of the given shape, "
                   "or the pair it names)")
             return False
+        finally:
+            _REVEAL.reset(mode)
         return True
 
     return run
 
 
-def fail(prop: str, *, expected: object, actual: object, hint: str) -> None:
-    """Stop the check: ``prop`` (a statement that should hold) does not, with a hint."""
+def fail(prop: str, *, expected: object, actual: object, hint: str,
+         reveal: bool | None = None) -> None:
+    """Stop the check: ``prop`` (a statement that should hold) does not, with a hint.
+
+    Args:
+        prop: the property that failed, as a statement.
+        expected: what the property needs.
+        actual: what the answer gave.
+        hint: how to fix it, without the answer.
+        reveal: whether to show ``expected``; None (the default) follows the checker
+            (``@checker(reveal=False)`` keeps it back), True always shows it (a structural
+            property, such as a shape the exercise names).
+    """
+    if not (_REVEAL.get() if reveal is None else reveal):
+        expected = KEPT_BACK
     raise ExerciseFailure(
         f"Not yet. The check that failed: {prop}.\n"
-        f"  expected: {expected}\n"
-        f"  actual:   {actual}\n"
+        f"  expected: {_readable(expected)}\n"
+        f"  actual:   {_readable(actual)}\n"
         f"  hint:     {hint}"
     )
+
+
+def _readable(value: object) -> object:
+    """Floats inside a list or tuple to 4 significant digits, as the book prints numbers."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(float(f"{item:.4g}") if isinstance(item, float) else _readable(item)
+                           for item in value)
+    return value
 
 
 def passed(what: str) -> None:
@@ -79,7 +126,7 @@ def call(fn: Callable, *args, prop: str = "your function runs without an error",
     """Call the learner's ``fn``; an exception becomes feedback, not a bare traceback."""
     if not callable(fn):
         fail("the answer is a function", expected="a function", actual=type(fn).__name__,
-             hint="pass the function itself, without calling it")
+             hint="pass the function itself, without calling it", reveal=True)
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
@@ -91,29 +138,31 @@ def call(fn: Callable, *args, prop: str = "your function runs without an error",
     except Exception as error:  # noqa: BLE001 - any error in learner code becomes feedback
         fail(prop, expected="no error", actual=f"{type(error).__name__}: {error}",
              hint="Run your function on a small input in a cell of its own and read the "
-                  "error message.")
+                  "error message.", reveal=True)
 
 
-def expect_true(prop: str, condition: bool, *, expected: object, actual: object, hint: str) -> None:
-    """Fail with feedback unless ``condition`` holds."""
+def expect_true(prop: str, condition: bool, *, expected: object, actual: object, hint: str,
+                reveal: bool | None = None) -> None:
+    """Fail with feedback unless ``condition`` holds (``reveal``: as in :func:`fail`)."""
     if not condition:
-        fail(prop, expected=expected, actual=actual, hint=hint)
+        fail(prop, expected=expected, actual=actual, hint=hint, reveal=reveal)
 
 
 def expect_int(name: str, value: object, hint: str) -> None:
     """Fail unless ``value`` is an integer (a bool is not)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(f"{name} is an int", expected="an int", actual=type(value).__name__, hint=hint)
+        fail(f"{name} is an int", expected="an int", actual=type(value).__name__, hint=hint,
+             reveal=True)
 
 
 def expect_shape(name: str, tensor: object, shape: Sequence[int], *, hint: str) -> None:
     """Fail unless ``tensor`` is a tensor of exactly ``shape``."""
     if not isinstance(tensor, torch.Tensor):
         fail(f"a tensor comes back for {name}", expected=f"a torch.Tensor of shape {tuple(shape)}",
-             actual=type(tensor).__name__, hint=hint)
+             actual=type(tensor).__name__, hint=hint, reveal=True)
     if tuple(tensor.shape) != tuple(shape):
         fail(f"the shape of {name} is {tuple(shape)}", expected=tuple(shape),
-             actual=tuple(tensor.shape), hint=hint)
+             actual=tuple(tensor.shape), hint=hint, reveal=True)
 
 
 def expect_close(
