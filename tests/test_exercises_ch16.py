@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from checker_asserts import assert_fails, assert_passes, unwritten
+from hidden_tests import passes_hidden_tests
 
 from attention_book.exercises import (
     check_cow_is_safe,
@@ -114,8 +116,9 @@ def test_gather_typical_bugs(capsys):
 # --- 16.4 copy-on-write property test --------------------------------------------------------
 
 
-def _random_test(make_cache, *, check_counts=True, check_every_sequence=True, steps=200):
-    generator = torch.Generator().manual_seed(0)
+def _random_test(make_cache, *, check_counts=True, check_every_sequence=True, steps=200,
+                 check_between=True, seed=0):
+    generator = torch.Generator().manual_seed(seed)
 
     def draw(n):
         return int(torch.randint(n, (1,), generator=generator))
@@ -147,10 +150,15 @@ def _random_test(make_cache, *, check_counts=True, check_every_sequence=True, st
             else:
                 cache.free(seq_id)
                 del expected[seq_id]
+            if not check_between:
+                continue
             checked = expected if check_every_sequence else {seq_id: expected.get(seq_id)}
             for other, keys in checked.items():
                 if keys is not None and not torch.equal(cache.gather(other)[0], keys):
                     return False
+        for other, keys in expected.items():  # the state after the last operation
+            if not torch.equal(cache.gather(other)[0], keys):
+                return False
         for seq_id in list(expected):
             cache.free(seq_id)
         if check_counts and cache.blocks_in_use != 0:
@@ -189,6 +197,34 @@ def test_cow_shallow_tests_are_caught_at_their_depth(capsys):
     assert_fails(check_cow_is_safe,
                  lambda make: _random_test(make, check_every_sequence=False, steps=20), capsys,
                  "rejects a cache")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cow_a_test_of_the_final_state_only_is_caught(seed, capsys):
+    """The review's weak test (N3): 200 random operations, then only the final state checked."""
+    def final_state_only(make_cache):
+        return _random_test(make_cache, check_between=False, seed=seed)
+
+    assert_fails(check_cow_is_safe, final_state_only, capsys, "queues its copy-on-write copies",
+                 "after each one")
+    assert not passes_hidden_tests("16_serving_many_requests.ipynb", "ch16-ex4-check",
+                                   cow_is_safe=final_state_only)
+
+
+def test_cow_hidden_tests_pass_the_solution_and_reject_shallow_tests():
+    assert passes_hidden_tests("16_serving_many_requests.ipynb", "ch16-ex4-check",
+                               cow_is_safe=_random_test)
+    assert not passes_hidden_tests("16_serving_many_requests.ipynb", "ch16-ex4-check",
+                                   cow_is_safe=_one_fork_test)
+
+
+def test_cow_test_doubles_have_neutral_names():
+    """A learner's test must not tell the caches apart by their names."""
+    from attention_book.exercises.ch16 import _BROKEN, _HEALTHY
+
+    for cache_class in [*_HEALTHY.values(), *_BROKEN.values()]:
+        for word in ("broken", "leak", "blank", "free", "copy", "place", "queue", "wrong"):
+            assert word not in repr(cache_class).lower(), (cache_class, word)
 
 
 def test_cow_unfair_or_odd_tests(capsys):
