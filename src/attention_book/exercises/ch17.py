@@ -10,6 +10,7 @@ Taught in chapter 17.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -111,40 +112,93 @@ def check_bytes_sent_per_rank(fn) -> None:
                       "sends (P - 1) / P of the queries, keys, values and outputs.")
     llama = _forward_bytes("ring", 1, 128, 8, 131072, 128, 16, 2)["right"]
     ulysses = _forward_bytes("ulysses", 1, 128, 8, 131072, 128, 16, 2)["right"]
+    replicated = _ulysses_with_copied_kv_heads(1, 128, 8, 131072, 128, 16, 2)
     passed(f"with 8 key/value heads for 128 query heads (T = 131072, P = 16, 16-bit), the "
-           f"all-gather and the ring send {llama / 2**20:.0f} MiB per rank and layer, Ulysses "
-           f"{ulysses / 2**20:.0f} MiB, and Ulysses could not even split 8 key/value heads over "
-           "16 ranks without copying them: part of why Llama 3 all-gathers.")
+           f"all-gather and the ring send {llama / 2**20:.0f} MiB per rank and layer. Your "
+           f"formula gives Ulysses {ulysses / 2**20:.0f} MiB, as if 8 key/value heads could be "
+           "split over 16 ranks; they cannot, so Ulysses copies them until every rank holds the "
+           "one key/value head its 8 query heads share, and then sends "
+           f"{replicated / 2**20:.0f} MiB: more than the all-gather, part of why Llama 3 "
+           "all-gathers.")
+
+
+def _ulysses_with_copied_kv_heads(batch_size, num_heads, num_kv_heads, seq_len, head_dim,
+                                  world_size, bytes_per_element) -> int:
+    """Ulysses' forward bytes per rank when ``P > H_kv``: each rank receives, from each of the
+    ``P - 1`` others, its positions of the one key/value head that rank's query heads use."""
+    per_head = batch_size * (seq_len // world_size) * head_dim * bytes_per_element
+    kv_heads_per_rank = max(1, num_kv_heads // world_size)
+    queries_and_output = 2 * (world_size - 1) * num_heads * per_head // world_size
+    return queries_and_output + 2 * (world_size - 1) * kv_heads_per_rank * per_head
 
 
 # --------------------------------------------------------------------------- 17.2 prediction
 
 
-def _busiest_pairs(seq_len: int, world_size: int, layout: str, useful: bool = False) -> int:
-    """Scores computed by the busiest rank of a causal ring, tile by tile (or only the
-    unmasked ones, with ``useful``), counted with loops, independently of the package."""
-    chunk = seq_len // world_size if layout == "contiguous" else seq_len // (2 * world_size)
+_PREDICTION_LAYOUTS = ("contiguous", "zigzag", "striped")
+
+
+def _layout_positions(seq_len: int, world_size: int, rank: int, layout: str) -> list[int]:
+    """A rank's positions, in increasing order; "striped" gives rank r the positions t with
+    t mod P = r (Exercise 17.3), the other layouts are the package's."""
+    if layout == "striped":
+        return list(range(rank, seq_len, world_size))
+    return shard_positions(seq_len, world_size, rank, layout).tolist()
+
+
+def _work_per_rank(seq_len: int, world_size: int, layout: str, tile: int,
+                   useful: bool = False) -> list[int]:
+    """Scores each rank of a causal ring computes, tile by tile: ``tile`` consecutive query
+    positions of the rank against ``tile`` consecutive key positions of a block, skipped when
+    wholly in the future and computed whole otherwise (or, with ``useful``, only the unmasked
+    pairs). Counted with loops, independently of the package."""
     work = []
     for rank in range(world_size):
-        mine = shard_positions(seq_len, world_size, rank, layout).tolist()
+        mine = _layout_positions(seq_len, world_size, rank, layout)
         pairs = 0
         for source in range(world_size):
-            theirs = shard_positions(seq_len, world_size, source, layout).tolist()
-            for q0 in range(0, len(mine), chunk):
-                for k0 in range(0, len(theirs), chunk):
-                    queries, keys = mine[q0:q0 + chunk], theirs[k0:k0 + chunk]
+            theirs = _layout_positions(seq_len, world_size, source, layout)
+            for q0 in range(0, len(mine), tile):
+                for k0 in range(0, len(theirs), tile):
+                    queries, keys = mine[q0:q0 + tile], theirs[k0:k0 + tile]
                     seen = sum(1 for q in queries for k in keys if k <= q)
                     pairs += seen if useful else (len(queries) * len(keys) if seen else 0)
         work.append(pairs)
-    return max(work)
+    return work
+
+
+def _busiest(seq_len: int, world_size: int, tile: int, useful: bool = False,
+             reduce=max) -> tuple[int, ...]:
+    return tuple(reduce(_work_per_rank(seq_len, world_size, layout, tile, useful))
+                 for layout in _PREDICTION_LAYOUTS)
+
+
+def _mean(work: list[int]) -> int:
+    return sum(work) // len(work)
+
+
+_PREDICTION_HINTS = {
+    0: ("contiguous", "With tiles of 4, the last rank's own block of 8 positions is 2 x 2 tiles: "
+                      "the tile of its first 4 queries against its last 4 keys is wholly in the "
+                      "future and skipped, so it computes 3 of them, not 4. Every earlier block "
+                      "is computed whole."),
+    1: ("zigzag", "Zig-zag shards are two chunks of 4: the tiles are the chapter's (section "
+                  "17.8), 2P + 1 of them on every rank."),
+    2: ("striped", "A striped rank holds r, r + 8, ..., r + 56: cut them in order into two tiles "
+                   "of 4 (r ... r + 24 and r + 32 ... r + 56), and a block likewise. The tile "
+                   "of a rank's early queries against a block's late keys is wholly in the "
+                   "future; the other three tiles of every block each see at least one key."),
+}
 
 
 @checker(reveal=False)  # a prediction: the expected value is kept back
 def check_predicted_busiest_pairs(fn) -> None:
-    """Check ``fn()`` predicts the busiest rank's causal work for both layouts.
+    """Check ``fn()`` predicts the busiest rank's causal work for three layouts.
 
-    Causal ring attention over ``T = 64`` positions, ``P = 8`` ranks, ``B = H = 1``: the
-    ``score_pairs`` of the busiest rank, contiguous then zig-zag.
+    Causal ring attention over ``T = 64`` positions, ``P = 8`` ranks, ``B = H = 1``, computed in
+    tiles of 4 query positions against 4 key positions (each rank's positions in increasing
+    order), a tile skipped when wholly in the future: the scores the busiest rank computes with
+    contiguous, zig-zag and striped shards.
 
     Args:
         fn: the learner's ``predicted_busiest_pairs``.
@@ -155,36 +209,47 @@ def check_predicted_busiest_pairs(fn) -> None:
     Taught in chapter 17.
     """
     prediction = call(fn)
-    hint = "Return a tuple of two ints: (contiguous, zigzag)."
-    if not isinstance(prediction, (tuple, list)) or len(prediction) != 2:
-        fail("your prediction is a pair (contiguous, zigzag)", expected="a tuple of 2 ints",
-             actual=repr(prediction), hint=hint)
+    hint = "Return a tuple of three ints: (contiguous, zigzag, striped)."
+    if not isinstance(prediction, (tuple, list)) or len(prediction) != 3:
+        fail("your prediction is a triple (contiguous, zigzag, striped)",
+             expected="a tuple of 3 ints", actual=repr(prediction), hint=hint)
     for value in prediction:
         expect_int("each number of your prediction", value, hint)
-    expected = (_busiest_pairs(64, 8, "contiguous"), _busiest_pairs(64, 8, "zigzag"))
+    expected = _busiest(64, 8, tile=4)
     prediction = tuple(int(value) for value in prediction)
     if prediction == expected:
-        passed(f"the busiest rank computes {expected[0]} scores with contiguous shards and "
-               f"{expected[1]} with zig-zag ones: zig-zag divides the work of the rank that the "
-               f"others wait for by {expected[0] / expected[1]:.2f}.")
+        useful = _busiest(64, 8, tile=4, useful=True)
+        passed(f"the busiest rank computes {expected[0]} scores with contiguous shards, "
+               f"{expected[1]} with zig-zag ones and {expected[2]} with striped ones. Striped "
+               f"shards nearly balance the pairs a query may see (at most {useful[2]}, against "
+               f"{useful[1]} for zig-zag), but three of every four striped tiles are crossed by "
+               "the diagonal, and a kernel that skips only whole tiles computes their masked "
+               "part too: how well a layout balances depends on the tile the kernel skips.")
         return
     prop = "your prediction equals the scores the busiest rank computes"
-    useful = (_busiest_pairs(64, 8, "contiguous", True), _busiest_pairs(64, 8, "zigzag", True))
-    hints = {
-        expected[::-1]: "Your two numbers are swapped: contiguous first, then zig-zag.",
-        useful: "You counted only the unmasked pairs. A tile crossed by the diagonal is "
-                "computed whole (then masked): count its full area.",
-        (64 * 64 // 8, 64 * 64 // 8): "That is the work without a mask, T * T / P. With "
-                                      "is_causal the tiles wholly in a query's future are "
-                                      "skipped.",
-        (64 * 65 // 2 // 8, 64 * 65 // 2 // 8): "That is the average rank. Find the busiest: "
-                                                "with contiguous shards it is the last one.",
-    }
-    fail(prop, expected="the number that traffic.score_pairs would show (check it afterwards)",
-         actual=prediction,
-         hint=hints.get(prediction, "Count tiles: contiguous shards are one tile of T / P "
-                                    "positions; zig-zag shards are two tiles of T / 2P. A tile "
-                                    "is skipped when all its keys come after all its queries."))
+    expected_text = "the number that counting the computed tiles gives (check it afterwards)"
+    if sorted(prediction) == sorted(expected):
+        fail(prop, expected=expected_text, actual=prediction,
+             hint="Your numbers are in the wrong order: contiguous, then zig-zag, then striped.")
+    if prediction == _busiest(64, 8, tile=4, useful=True):
+        fail(prop, expected=expected_text, actual=prediction,
+             hint="You counted only the unmasked pairs. A tile crossed by the diagonal is "
+                  "computed whole (then masked): count its full area.")
+    if prediction == _busiest(64, 8, tile=4, reduce=_mean):
+        fail(prop, expected=expected_text, actual=prediction,
+             hint="That is the average rank. Find the busiest: with contiguous shards it is "
+                  "the last one.")
+    if prediction[0] == 512:
+        fail(prop, expected=expected_text, actual=prediction,
+             hint="512 is the chapter's count for contiguous shards, with one tile per block of "
+                  "T / P = 8 positions. " + _PREDICTION_HINTS[0][1])
+    if prediction[2] == 512:
+        fail(prop, expected=expected_text, actual=prediction,
+             hint="512 means every tile of every block. " + _PREDICTION_HINTS[2][1])
+    for index, (layout, layout_hint) in _PREDICTION_HINTS.items():
+        if prediction[index] != expected[index]:
+            fail(prop, expected=expected_text, actual=prediction,
+                 hint=f"The {layout} number is off. " + layout_hint)
 
 
 # --------------------------------------------------------------------------- 17.3 striped
@@ -231,8 +296,14 @@ def check_striped_positions(fn) -> None:
                  hint="Position t belongs to rank t mod P: rank r holds r, r + P, r + 2P, ...")
     try:
         fn(10, 4, 0)
-    except ValueError:
-        pass
+    except ValueError as error:
+        named = {number for number in ("10", "4") if re.search(rf"(?<!\d){number}(?!\d)",
+                                                               str(error))}
+        expect_true("the ValueError names both numbers, T and world_size", len(named) == 2,
+                    expected="a message with 10 and 4 in it", actual=repr(str(error)),
+                    hint="say what went wrong with the learner's own numbers, e.g. "
+                         "f\"seq_len = {seq_len} is not divisible by world_size = "
+                         "{world_size}\"")
     except NotImplementedError:
         raise
     except Exception as error:  # noqa: BLE001 - any other error becomes feedback
@@ -391,22 +462,32 @@ def _ring_with(bug: str | None):
     """Ring attention simulated in one process, with an optional bug (None: healthy)."""
 
     def attend(query, key, value, world_size, is_causal=False, layout="contiguous"):
+        if bug == "batch and heads":  # folds (B, H) into one axis, unfolds it as (H, B)
+            batch, heads = query.shape[:2]
+            folded = [t.reshape(batch * heads, 1, *t.shape[2:]) for t in (query, key, value)]
+            out = _ring_with(None)(*folded, world_size, is_causal=is_causal, layout=layout)
+            return out.reshape(heads, batch, *out.shape[2:]).transpose(0, 1)  # (B, H, T, d_v)
         seq_len, scale = query.size(-2), 1.0 / math.sqrt(query.size(-1))
         positions = [shard_positions(seq_len, world_size, r, layout) for r in range(world_size)]
         believed = positions
         if bug == "contiguous rules":  # masks as if the shards were contiguous
             believed = [shard_positions(seq_len, world_size, r, "contiguous")
                         for r in range(world_size)]
+        masked = (is_causal or bug == "always causal") and bug != "future leak"
         outputs = []
         for rank in range(world_size):
             q = query[..., positions[rank], :]
             out = lse = None
             for step in range(world_size):
                 source = (rank - step) % world_size  # where the block really comes from
+                if bug == "same neighbour" and world_size == 2 and step > 0:
+                    source = rank  # its next and previous rank are one: keeps what it sent
                 label = (rank + step) % world_size if bug == "wrong neighbour" else source
                 k, v = key[..., positions[source], :], value[..., positions[source], :]
+                if bug == "stale values" and layout == "contiguous" and not is_causal:
+                    v = value[..., positions[(source - 1) % world_size], :]  # the block before
                 scores = q @ k.transpose(-2, -1) * scale  # (..., T/P, T/P)
-                if is_causal and bug != "future leak":
+                if masked:
                     future = believed[label][None, :] > believed[rank][:, None]
                     scores = scores.masked_fill(future, float("-inf"))
                 part_lse = torch.logsumexp(scores, dim=-1)
@@ -426,29 +507,46 @@ def _ring_with(bug: str | None):
     return attend
 
 
+def _from(function):
+    """The subject ``attend`` that calls ``function``: every subject has the same name."""
+
+    def attend(query, key, value, world_size, is_causal=False, layout="contiguous"):
+        return function(query, key, value, world_size, is_causal=is_causal, layout=layout)
+
+    return attend
+
+
 def _whole_sequence(query, key, value, world_size, is_causal=False, layout="contiguous"):
     """A healthy subject that ignores the ranks: attention over the whole sequence."""
     return F.scaled_dot_product_attention(query, key, value, is_causal=is_causal)
 
 
-def _package_ring(query, key, value, world_size, is_causal=False, layout="contiguous"):
-    return simulate_ring_attention(query, key, value, world_size, is_causal=is_causal,
-                                   layout=layout)
-
-
+# The subjects that only a few configurations catch come first, so that a weak test meets the
+# bug it misses early; the order changes nothing else.
 _SUBJECTS = [
-    ("the package's simulate_ring_attention", _package_ring, True),
-    ("attention over the whole sequence, ignoring the ranks", _whole_sequence, True),
-    ("a healthy ring written another way", _ring_with(None), True),
-    ("a ring that averages the blocks' outputs (wrong for any P >= 2)",
-     _ring_with("equal average"), False),
-    ("a ring that forgets the causal mask inside a block (wrong whenever causal)",
-     _ring_with("future leak"), False),
+    ("a ring that folds the batch and head axes into one in one order and unfolds them in the "
+     "other (wrong only when B > 1 and H > 1)", _ring_with("batch and heads"), False),
+    ("a ring that, with two ranks, whose next and previous rank are the same, keeps the block "
+     "it sent instead of the one it received (wrong only for P = 2)",
+     _ring_with("same neighbour"), False),
+    ("a ring that applies the causal mask even when is_causal=False (wrong only without the "
+     "mask)", _ring_with("always causal"), False),
+    ("a ring whose path for contiguous shards without a mask folds each block's keys with the "
+     "values of the block before it (wrong only for contiguous shards without the mask)",
+     _ring_with("stale values"), False),
     ("a ring that masks as if the shards were contiguous (wrong only for causal zig-zag)",
      _ring_with("contiguous rules"), False),
     ("a ring that thinks its blocks come from the other neighbour (wrong only when causal "
      "with P >= 3)", _ring_with("wrong neighbour"), False),
+    ("a ring that forgets the causal mask inside a block (wrong whenever causal)",
+     _ring_with("future leak"), False),
+    ("a ring that averages the blocks' outputs (wrong for any P >= 2)",
+     _ring_with("equal average"), False),
+    ("the package's simulate_ring_attention", _from(simulate_ring_attention), True),
+    ("attention over the whole sequence, ignoring the ranks", _from(_whole_sequence), True),
+    ("a healthy ring written another way", _ring_with(None), True),
 ]
+_NUM_HEALTHY = sum(healthy for _, _, healthy in _SUBJECTS)
 
 
 @checker
@@ -457,8 +555,9 @@ def check_matches_whole_sequence(fn) -> None:
 
     ``attend(query, key, value, world_size, is_causal=..., layout=...)`` returns the output of
     the whole sequence from ``world_size`` simulated ranks; the test must pass every healthy
-    subject and catch every broken one, some of which fail only for a causal mask, a
-    zig-zag layout, or three ranks or more.
+    subject and catch every broken one. Each broken one is wrong only in some configurations
+    (with or without the causal mask, one layout, some world sizes, ``B > 1`` and ``H > 1``),
+    and no single configuration shows them all.
 
     Args:
         fn: the learner's ``matches_whole_sequence``.
@@ -486,8 +585,10 @@ def check_matches_whole_sequence(fn) -> None:
             fail(f"your test catches a broken subject: {name}", expected="False",
                  actual="True",
                  hint="some bugs show only in some configurations: try every world size from "
-                      "1 to 4, with and without is_causal, and both layouts")
-    passed(f"your test passes the 3 healthy subjects and catches all {len(_SUBJECTS) - 3} "
-           "broken ones, including bugs that need a causal mask, a zig-zag layout or three "
-           "ranks to show.")
-
+                      "1 to 4, with and without is_causal, both layouts, and inputs with "
+                      "B > 1 and H > 1 (one configuration, or one value of any of these, "
+                      "misses some bug)")
+    passed(f"your test passes the {_NUM_HEALTHY} healthy subjects and catches all "
+           f"{len(_SUBJECTS) - _NUM_HEALTHY} broken ones, including bugs that show only with "
+           "the causal mask or only without it, in one layout, at one world size, or with "
+           "several sequences and heads: no single configuration catches them all.")
