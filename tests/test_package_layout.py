@@ -23,10 +23,6 @@ KNOWN_PRIVATE_IMPORTS = {
     # the grading helpers' classroom/ redesign
     ("attention_book.classroom.leaks", "attention_book.classroom.format", "_marker_region"),
     ("attention_book.classroom.leaks", "attention_book.classroom.format", "_nbgrader"),
-    # the cache-protocol helper's rewrite of latent.py and modules.py (issue 37)
-    ("attention_book.latent", "attention_book.modules", "_check_cache"),
-    ("attention_book.latent", "attention_book.modules", "_fused_with_sink"),
-    ("attention_book.latent", "attention_book.modules", "_split_heads"),
 }
 
 
