@@ -15,7 +15,7 @@ Each position holds one key and one value side by side (a query holds its key an
 holds, not whether a model can find the token before the current one.
 
 This module imports the model's block and the training helpers; nothing imports it but the
-chapter.
+chapter and its tests.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import check_positive_int
+from .model import TransformerBlock
 from .train import cpu_threads, progress_bar
 
 __all__ = [
@@ -190,7 +191,8 @@ class RecallModel(nn.Module):
     """A model for the recall tasks: key and value embeddings side by side, token mixers, a readout.
 
     Position ``t`` starts as ``[key_embedding(key_t), value_embedding(value_t)]``; each layer
-    adds ``mixer(LayerNorm(x))`` to it (a Transformer block without the MLP); a final
+    adds ``mixer(LayerNorm(x))`` to it (a :class:`~attention_book.TransformerBlock` with
+    ``attention_only=True`` holding the mixer); a final
     LayerNorm and the value embeddings, read back (``logits = h_values @ E_value^T``), score
     every value at every position, and one more learned vector scores "absent".
 
@@ -225,8 +227,10 @@ class RecallModel(nn.Module):
         # The answer "absent" gets a readout vector of its own: reading it back from the "no
         # value" embedding that every query carries would make each query answer itself.
         self.absent = nn.Parameter(torch.randn(d_model - self.key_dim) / (d_model - self.key_dim) ** 0.5)
-        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in mixers)
-        self.mixers = nn.ModuleList(mixers)
+        # Attention-only blocks around the given mixers (their head count and context length
+        # are the mixers' own business).
+        self.blocks = nn.ModuleList(TransformerBlock(d_model, 1, 1, attention_only=True, mixer=mixer)
+                                    for mixer in mixers)
         self.final_norm = nn.LayerNorm(d_model)
 
     def forward(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -234,8 +238,8 @@ class RecallModel(nn.Module):
             raise ValueError(f"keys and values must both be (B, T); got {tuple(keys.shape)} and "
                              f"{tuple(values.shape)}")
         x = torch.cat([self.key_embedding(keys), self.value_embedding(values)], dim=-1)  # (B, T, d)
-        for norm, mixer in zip(self.norms, self.mixers, strict=True):
-            x = x + mixer(norm(x))  # (B, T, d_model)
+        for block in self.blocks:
+            x = block(x)  # (B, T, d_model): x + mixer(LayerNorm(x))
         value_part = self.final_norm(x)[..., self.key_dim:]  # (B, T, d_model - key_dim)
         answers = torch.cat([self.value_embedding.weight[:-1], self.absent[None]])  # (V + 1, d_v)
         return value_part @ answers.T  # (B, T, num_values + 1)
