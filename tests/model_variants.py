@@ -3,7 +3,9 @@
 ``variant(name)`` builds a small float64 model in eval mode: learned positions, RoPE,
 grouped-query attention (with RoPE), multi-head latent attention, attention sinks, and a
 hybrid whose first layer is a stand-in for a recurrent mixer (:class:`CausalMean`, with the
-fixed-size cache :class:`RunningSum`), as linear attention plugs into the model.
+fixed-size cache :class:`RunningSum`), and the hybrids of chapter 18: a Gated DeltaNet layer
+under an attention layer, and an attention layer under linear attention (each recurrent layer
+with its :class:`~attention_book.RecurrentState`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def variant(name: str) -> TinyGPT:
         "latent": [ab.MultiHeadLatentAttention(16, 16, 4, 6, **f64) for _ in range(2)],
         "sink": [ab.MultiHeadAttention(16, 16, 4, sink=True, **f64) for _ in range(2)],
         "hybrid": [CausalMean(16), None],
+        "gated deltanet hybrid": [ab.GatedDeltaNet(16, 4, chunk_size=4, dtype=torch.float64), None],
+        "linear attention hybrid": [None, ab.LinearAttentionLayer(16, 2, dtype=torch.float64)],
     }[name]
     model = TinyGPT(**sizes, rope=name in ("rope", "gqa"), mixers=mixers, dtype=torch.float64)
     if name == "sink":
@@ -77,4 +81,5 @@ def variant(name: str) -> TinyGPT:
     return model.eval()
 
 
-VARIANTS = ["learned positions", "rope", "gqa", "latent", "sink", "hybrid"]
+VARIANTS = ["learned positions", "rope", "gqa", "latent", "sink", "hybrid", "gated deltanet hybrid",
+            "linear attention hybrid"]

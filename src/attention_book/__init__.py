@@ -15,7 +15,9 @@ what its heads do (``previous_token_scores``, ``induction_scores``, ``find_heads
 ``ablate_heads``). Chapter 16 serves many requests at once: a paged KV cache
 (``PagedKVCache``, ``paged_attention``, ``paged_forward``) and continuous batching
 (``ContinuousBatcher``, ``generate_batch``). Chapter 17 splits one sequence over processes
-(``attention_book.distributed``: all-gather, ring and Ulysses attention).
+(``attention_book.distributed``: all-gather, ring and Ulysses attention). Chapter 18 turns
+attention into a recurrence (``linear_attention``, ``delta_rule``, ``RecurrentState``,
+``LinearAttentionLayer``, ``GatedDeltaNet``).
 """
 
 from . import mods
@@ -45,6 +47,14 @@ from .heads import (
 )
 from .kv_cache import KVCache, kv_cache_bytes
 from .latent import MultiHeadLatentAttention
+from .linear_attention import (
+    GatedDeltaNet,
+    LinearAttentionLayer,
+    RecurrentState,
+    delta_rule,
+    linear_attention,
+    recurrent_state_bytes,
+)
 from .model import TinyGPT, TransformerBlock, gpt_parameter_count
 from .modules import (
     CausalSelfAttention,
@@ -115,4 +125,10 @@ __all__ = [
     "ContinuousBatcher",
     "StepRecord",
     "generate_batch",
+    "linear_attention",
+    "delta_rule",
+    "RecurrentState",
+    "LinearAttentionLayer",
+    "GatedDeltaNet",
+    "recurrent_state_bytes",
 ]

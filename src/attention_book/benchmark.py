@@ -24,6 +24,15 @@ warm-up run, with ratios between rows taken in the same run:
    ``TinyGPT.generate`` keeps) against the peak of a :class:`~attention_book.serving.PagedKVCache`,
    and tokens per second of continuous batching (:func:`~attention_book.serving.generate_batch`)
    against generating one request at a time.
+6. Only with ``--only linear`` (chapter 18): the gated delta rule at T=2048 (B=1, 8 heads,
+   d_k = d_v = 64) as the token loop, in chunkwise form
+   (:func:`~attention_book.linear_attention.delta_rule` with ``chunk_size=64``) and as Hugging
+   Face transformers' ``torch_chunk_gated_delta_rule`` (Qwen3-Next's torch code), in one run;
+   then generating one token after ``L`` tokens for growing ``L``: a
+   :class:`~attention_book.linear_attention.GatedDeltaNet` layer with its fixed
+   :class:`~attention_book.linear_attention.RecurrentState` against a ``MultiHeadAttention``
+   layer with a :class:`~attention_book.kv_cache.KVCache` holding ``L`` tokens (time per token
+   and the bytes each memory holds).
 
 The rows of one table run interleaved (round-robin), so a change of machine
 load affects them alike. This is a benchmark, not a test: nothing in the test
@@ -57,7 +66,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .attention import causal_mask, scaled_dot_product_attention, sliding_window_mask
 from .flash import tile_plan, tiled_attention
-from .kv_cache import KVCache
+from .kv_cache import KVCache, kv_cache_bytes
+from .linear_attention import GatedDeltaNet, delta_rule
 from .model import TinyGPT
 from .modules import MultiHeadAttention
 from .serving import ContinuousBatcher
@@ -70,6 +80,9 @@ WINDOW_SHAPE = {"batch_size": 1, "num_heads": 4, "num_tokens": 16384, "head_dim"
                 "window": 1024}
 SERVING_SHAPE = {"num_requests": 32, "vocab_size": 256, "d_model": 128, "num_heads": 4,
                  "num_layers": 4, "context_length": 256, "block_size": 16}
+LINEAR_SHAPE = {"batch_size": 1, "num_heads": 8, "num_tokens": 2048, "head_dim": 64,
+                "chunk_size": 64}
+LINEAR_DECODE_SHAPE = {"d_model": 512, "num_heads": 8, "lengths": (256, 1024, 4096, 16384)}
 # Larger tiles than the default 128 mean fewer small operations in the Python loop.
 TILE_BLOCK_SIZE = 256
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -649,15 +662,114 @@ def bench_serving(repeats: int, device: _Device = CPU) -> str:
     ])
 
 
+def _gated_delta_inputs(device: _Device = CPU) -> tuple[torch.Tensor, ...]:
+    batch_size, num_heads, num_tokens, head_dim, _ = LINEAR_SHAPE.values()
+    generator = torch.Generator().manual_seed(0)
+    shape = (batch_size, num_heads, num_tokens)
+    query = torch.randn(*shape, head_dim, generator=generator)  # (B, H, T, d)
+    key = torch.nn.functional.normalize(torch.randn(*shape, head_dim, generator=generator), dim=-1)
+    value = torch.randn(*shape, head_dim, generator=generator)  # (B, H, T, d)
+    beta = torch.rand(shape, generator=generator)  # (B, H, T)
+    decay = -0.1 * torch.rand(shape, generator=generator)  # (B, H, T), log space
+    return tuple(device.tensor(tensor) for tensor in (query, key, value, beta, decay))
+
+
+def _hugging_face_chunk() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """transformers' ``torch_chunk_gated_delta_rule`` itself, under its kernel-hub wrappers."""
+    import inspect
+
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    return inspect.unwrap(modeling_qwen3_next.torch_chunk_gated_delta_rule)
+
+
+def bench_linear(repeats: int, device: _Device = CPU) -> str:
+    """Target 6 (chapter 18): the chunkwise delta rule against the loop and Hugging Face; decoding."""
+    query, key, value, beta, decay = _gated_delta_inputs(device)
+    chunk_size = LINEAR_SHAPE["chunk_size"]
+    hugging_face = _hugging_face_chunk()
+
+    def hf_layout(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.transpose(1, 2).contiguous()  # (B, H, T, ...) -> (B, T, H, ...)
+
+    hf_inputs = [hf_layout(tensor) for tensor in (query, key, value, decay, beta)]
+    variants = {
+        "token loop": lambda: delta_rule(query, key, value, beta, decay=decay),
+        "chunkwise (book)": lambda: delta_rule(query, key, value, beta, decay=decay,
+                                               chunk_size=chunk_size),
+        "transformers torch_chunk": lambda: hugging_face(*hf_inputs, chunk_size=chunk_size,
+                                                         output_final_state=True),
+    }
+    with torch.no_grad():
+        loop_out, loop_state = variants["token loop"]()
+        chunk_out, chunk_state = variants["chunkwise (book)"]()
+        hf_out, hf_state = variants["transformers torch_chunk"]()
+        worst = max((chunk_out - loop_out).abs().max().item(),
+                    (hf_out.transpose(1, 2) - loop_out).abs().max().item(),
+                    (chunk_state - loop_state).abs().max().item())
+        seconds = time_interleaved(variants, repeats, warmup=False, sync=device.sync)
+    vs_loop = _ratio(seconds, "token loop", "chunkwise (book)")
+    vs_hf = _ratio(seconds, "chunkwise (book)", "transformers torch_chunk")
+    shape = ", ".join(f"{key}={value}" for key, value in LINEAR_SHAPE.items())
+
+    d_model, num_heads, lengths = LINEAR_DECODE_SHAPE.values()
+    torch.manual_seed(0)
+    recurrent = device.module(GatedDeltaNet(d_model, num_heads)).eval()
+    attention = device.module(MultiHeadAttention(d_model, d_model, num_heads,
+                                                 context_length=max(lengths) + 64)).eval()
+    head_dim = d_model // num_heads
+    token = device.tensor(torch.randn(1, 1, d_model))  # (1, 1, d_model)
+    decode_rows = []
+    decode_repeats = max(repeats, 20)
+    calls = decode_repeats + 1  # one warm-up call each
+    with torch.no_grad():
+        for length in lengths:
+            # The memories as they stand after `length` tokens (their contents do not matter
+            # for the cost of the next step); each timed call then adds one token.
+            cache = KVCache(length + calls)
+            filler = device.tensor(torch.randn(1, num_heads, length, head_dim))  # (1, H, L, d)
+            cache.update(filler, filler)
+            state = recurrent.new_cache()
+            state.advance(length, device.tensor(torch.randn(1, num_heads, head_dim, head_dim)))
+            timed = time_interleaved(
+                {f"KVCache, L={length}": lambda cache=cache: attention(token, kv_cache=cache),
+                 f"RecurrentState, L={length}": lambda state=state: recurrent(token,
+                                                                              kv_cache=state)},
+                decode_repeats, sync=device.sync)
+            held = kv_cache_bytes(num_layers=1, batch_size=1, num_kv_heads=num_heads,
+                                  head_dim=head_dim, context_length=length,
+                                  bytes_per_element=filler.element_size())
+            decode_rows.append((length, held, state.nbytes,
+                                statistics.median(timed[f"KVCache, L={length}"]),
+                                statistics.median(timed[f"RecurrentState, L={length}"])))
+    lines = [
+        format_table(f"6. gated delta rule forward ({shape}; {device.label}), {repeats} runs",
+                     seconds, "token loop"),
+        f"  outputs: max |difference| to the token loop = {worst:.2e} (chunkwise and "
+        "transformers, outputs and final state)",
+        f"  target: chunkwise >= 5x faster than the loop: {vs_loop:.1f}x -> "
+        f"{_verdict(vs_loop >= 5.0)}; within 1.5x of transformers' torch_chunk: "
+        f"{vs_hf:.2f}x -> {_verdict(vs_hf <= 1.5)}",
+        f"  generating one token after L tokens (d_model={d_model}, {num_heads} heads; "
+        "medians): MultiHeadAttention + KVCache against GatedDeltaNet + RecurrentState",
+        f"  {'L':>7}  {'KV cache':>10}  {'state':>10}  {'ms/token KV':>11}  {'ms/token state':>14}",
+    ]
+    for length, cache_bytes, state_bytes, cache_s, state_s in decode_rows:
+        lines.append(f"  {length:>7}  {cache_bytes / 2**20:>7.2f} MiB  {state_bytes / 2**20:>6.2f} MiB"
+                     f"  {cache_s * 1e3:>11.3f}  {state_s * 1e3:>14.3f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the options, print the header and the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (default 5)")
-    parser.add_argument("--only", choices=["multihead", "long", "decode", "window", "serving"],
+    parser.add_argument("--only", choices=["multihead", "long", "decode", "window", "serving",
+                                           "linear"],
                         action="append",
                         help="run only these tables (repeatable); 'window' (T=16384, chapter 13) "
-                             "runs only when named")
+                             "and 'linear' (chapter 18) run only when named")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where to run (default cpu)")
     parser.add_argument("--dtype", choices=list(DTYPES), action="append",
@@ -696,6 +808,8 @@ def main(argv: list[str] | None = None) -> None:
             print("\n" + bench_window(slow_repeats, args.threads, device), flush=True)
         if "serving" in only:
             print("\n" + bench_serving(slow_repeats, device), flush=True)
+        if "linear" in only:
+            print("\n" + bench_linear(slow_repeats, device), flush=True)
     print(f"\ntotal wall time {time.perf_counter() - started:.0f}s")
 
 
