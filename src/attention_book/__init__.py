@@ -14,6 +14,9 @@ what its heads do (``previous_token_scores``, ``induction_scores``, ``find_heads
 (``PagedKVCache``, ``paged_attention``, ``paged_forward``) and continuous batching
 (``ContinuousBatcher``, ``generate_batch``). Chapter 17 splits one sequence over processes
 (``attention_book.distributed``: all-gather, ring and Ulysses attention).
+Chapter 19 refines full attention: top-k attention chosen by a lightning indexer
+(``topk_attention``, ``lightning_indexer_scores``, ``LightningIndexer``,
+``indexer_distillation_loss``, ``block_topk_attention``).
 """
 
 from . import mods
@@ -54,6 +57,15 @@ from .serving import (
     generate_batch,
     paged_attention,
     paged_forward,
+)
+from .sparse import (
+    LightningIndexer,
+    block_topk_attention,
+    block_topk_mask,
+    indexer_distillation_loss,
+    lightning_indexer_scores,
+    topk_attention,
+    topk_mask,
 )
 from .viz import head_view, model_view, plot_attention, plot_heads
 
@@ -104,4 +116,11 @@ __all__ = [
     "ContinuousBatcher",
     "StepRecord",
     "generate_batch",
+    "topk_mask",
+    "topk_attention",
+    "lightning_indexer_scores",
+    "LightningIndexer",
+    "indexer_distillation_loss",
+    "block_topk_mask",
+    "block_topk_attention",
 ]
