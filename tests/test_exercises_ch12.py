@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from checker_asserts import assert_fails, assert_passes, unwritten
+from hidden_tests import passes_hidden_tests
 
 import attention_book as ab
 from attention_book import KVCache, rotary_embedding
@@ -159,7 +160,21 @@ def rope_2d(x, rows, cols):
 
 
 def test_rope_2d_right_answer(capsys):
-    assert_passes(check_rope_2d, rope_2d, capsys)
+    out = assert_passes(check_rope_2d, rope_2d, capsys)
+    assert "whatever the head_dim" in out
+    assert passes_hidden_tests("12_positions_in_attention.ipynb", "ch12-ex3-check", rope_2d=rope_2d)
+
+
+def rope_2d_half_four(x, rows, cols):
+    """Right for head_dim = 8 only: the half is written as a number (review M4)."""
+    return torch.cat((rotary_embedding(x[..., :4], rows), rotary_embedding(x[..., 4:], cols)), dim=-1)
+
+
+def test_rope_2d_with_a_hard_coded_half_fails_the_checker_and_the_hidden_tests(capsys):
+    assert_fails(check_rope_2d, rope_2d_half_four, capsys,
+                 "the halves are head_dim // 2 = 6 features each", "x.size(-1) // 2")
+    assert not passes_hidden_tests("12_positions_in_attention.ipynb", "ch12-ex3-check",
+                                   rope_2d=rope_2d_half_four)
 
 
 def test_rope_2d_with_rows_and_columns_swapped(capsys):
@@ -250,7 +265,9 @@ def decodes_like_full_pass(layer, x):
 
 def test_property_test_right_answer(capsys):
     out = assert_passes(check_decodes_like_full_pass, decodes_like_full_pass, capsys)
-    assert "catches all 5 broken ones" in out
+    assert "catches all 7 broken ones" in out
+    assert passes_hidden_tests("12_positions_in_attention.ipynb", "ch12-ex5-check",
+                               decodes_like_full_pass=decodes_like_full_pass)
 
 
 def test_property_test_with_a_prefill_of_two_tokens_is_right_too(capsys):
@@ -307,6 +324,38 @@ def mean_over_tokens(layer, x):
     return _decode_and_compare(layer, x, lambda d, f: torch.allclose(d.mean(1), f.mean(1), atol=0.1))
 
 
+# Tests that compare a summary of the outputs within the right tolerance (review N-c: "compare
+# only the means" passed): every broken layer but two shifts each of these summaries.
+def mean_of_everything(layer, x):
+    return _decode_and_compare(layer, x, lambda d, f: torch.allclose(d.mean(), f.mean(), atol=1e-5))
+
+
+def exact_mean_over_tokens(layer, x):
+    return _decode_and_compare(layer, x, lambda d, f: torch.allclose(d.mean(1), f.mean(1), atol=1e-5))
+
+
+def mean_per_token(layer, x):
+    return _decode_and_compare(layer, x, lambda d, f: torch.allclose(d.mean(-1), f.mean(-1), atol=1e-5))
+
+
+def norm_per_token(layer, x):
+    return _decode_and_compare(layer, x, lambda d, f: torch.allclose(d.norm(dim=-1), f.norm(dim=-1),
+                                                                     atol=1e-5))
+
+
+@pytest.mark.parametrize(("weak_test", "missed"), [
+    (mean_of_everything, "off by +e and -e"),
+    (exact_mean_over_tokens, "off by +e and -e"),
+    (mean_per_token, "off by +e and -e"),
+    (norm_per_token, "features reversed"),
+])
+def test_tests_of_a_summary_fail_the_checker_and_the_hidden_tests(weak_test, missed, capsys):
+    assert_fails(check_decodes_like_full_pass, weak_test, capsys, "your test catches a broken layer",
+                 missed, "not a summary such as a mean or a norm")
+    assert not passes_hidden_tests("12_positions_in_attention.ipynb", "ch12-ex5-check",
+                                   decodes_like_full_pass=weak_test)
+
+
 # The weak tests of the review (chapters-12-14.md, defect 14: tokens 0-1, tokens 0-2, the last
 # output only) and others like them: each passes every healthy layer and misses a broken one,
 # and the checker names the one it missed.
@@ -322,6 +371,8 @@ def mean_over_tokens(layer, x):
 def test_weak_property_tests_are_rejected(weak_test, missed, capsys):
     assert_fails(check_decodes_like_full_pass, weak_test, capsys,
                  "your test catches a broken layer", missed, "a bug can show at any depth")
+    assert not passes_hidden_tests("12_positions_in_attention.ipynb", "ch12-ex5-check",
+                                   decodes_like_full_pass=weak_test)
 
 
 def test_a_test_on_its_own_short_input_is_rejected(capsys):

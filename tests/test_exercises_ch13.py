@@ -8,20 +8,32 @@ import warnings
 import pytest
 import torch
 from checker_asserts import assert_fails, assert_passes, unwritten
-from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+from hidden_tests import passes_hidden_tests
+from torch.nn.attention.flex_attention import (
+    AuxRequest,
+    and_masks,
+    create_block_mask,
+    flex_attention,
+    or_masks,
+)
 
 from attention_book import mods
 from attention_book.exercises import (
     check_chunked_attention_rule,
     check_flex_attention_with_sink,
     check_relative_bias_mod,
+    check_streaming_prediction,
+    check_streaming_rule,
     check_window_tile_prediction,
 )
+
+NOTEBOOK = "13_windows_and_sinks.ipynb"
 
 
 @pytest.mark.parametrize("checker", [check_chunked_attention_rule, check_relative_bias_mod,
                                      check_window_tile_prediction,
-                                     check_flex_attention_with_sink])
+                                     check_flex_attention_with_sink, check_streaming_prediction,
+                                     check_streaming_rule])
 def test_a_blank_answer_says_it_is_not_written_yet(checker, capsys):
     assert checker(unwritten) is False
     assert "You have not written `unwritten` yet" in capsys.readouterr().out
@@ -38,7 +50,33 @@ def chunked_rule(chunk_size):
 
 
 def test_chunked_rule_right_answer(capsys):
-    assert_passes(check_chunked_attention_rule, chunked_rule, capsys)
+    out = assert_passes(check_chunked_attention_rule, chunked_rule, capsys)
+    assert "create_block_mask" in out
+    assert passes_hidden_tests(NOTEBOOK, "ch13-ex1-check", chunked_rule=chunked_rule)
+
+
+def shape_branching_rule(chunk_size):
+    """Right on grids and on single indices, but it asks a tensor for a Python bool (review N3)."""
+    def allowed(b, h, q_idx, kv_idx):
+        if q_idx.dim() == 0:
+            return bool(kv_idx <= q_idx) and bool(q_idx // chunk_size == kv_idx // chunk_size)
+        return (kv_idx <= q_idx) & (q_idx // chunk_size == kv_idx // chunk_size)
+
+    return allowed
+
+
+def test_a_rule_that_breaks_in_create_block_mask_fails_the_checker_and_the_hidden_tests(capsys):
+    assert_fails(check_chunked_attention_rule, shape_branching_rule, capsys,
+                 "in FlexAttention's create_block_mask", "under vmap", "tensor operations only")
+    assert not passes_hidden_tests(NOTEBOOK, "ch13-ex1-check", chunked_rule=shape_branching_rule)
+
+
+def test_chunked_rule_returning_numbers(capsys):
+    def as_int(chunk_size):
+        return lambda b, h, q, k: ((k <= q) & (q // chunk_size == k // chunk_size)).int()
+
+    assert_fails(check_chunked_attention_rule, as_int, capsys, "return a bool tensor",
+                 "drop the .int()")
 
 
 def test_chunked_rule_right_answer_works_in_flex_attention():
@@ -155,6 +193,15 @@ def test_relative_bias_python_min(capsys):
         return lambda score, b, h, q, k: score + bias[h, min(q - k, last)]
 
     assert_fails(check_relative_bias_mod, python_min, capsys, "tensor operations only")
+
+
+def test_relative_bias_chained_indexing(capsys):
+    def chained(bias):
+        last = bias.size(-1) - 1
+        return lambda score, b, h, q, k: score + bias[h][(q - k).clamp(0, last)]
+
+    assert_fails(check_relative_bias_mod, chained, capsys, "fewer than max_distance positions back",
+                 "bias[h][d]")
 
 
 def test_relative_bias_same_row_for_every_head(capsys):
@@ -278,3 +325,83 @@ def test_flex_sink_wrong_shape(capsys):
     assert_fails(check_flex_attention_with_sink,
                  lambda query, key, value, window, sink: query[..., 0], capsys,
                  "(B, heads, T, head_dim)")
+
+
+# ----------------------------------------------------------------------------- 13.5
+
+
+def test_streaming_prediction_right_answer(capsys):
+    answer = (torch.tensor([0.5, 1.0]), [0.625, 0.0], 1.0)
+    out = assert_passes(check_streaming_prediction, lambda: answer, capsys)
+    assert "exactly what tokens 2 ... 5 added" in out
+    assert passes_hidden_tests(NOTEBOOK, "ch13-ex5-check", predicted_streaming=lambda: answer)
+
+
+@pytest.mark.parametrize(("answer", "phrase"), [
+    (((0.5, 0.0), (0.625, 0.0), 1.0), "full attention still sees tokens 2 ... 5"),
+    (((0.5, 1.0), (0.5, 0.0), 1.0), "scaled up to sum to 1"),
+    (((0.5, 1.0), (0.5, 1.0), 0.0), "have left the cache"),
+    (((0.5, 1.0), (0.625, 0.0), 0.0), "cannot give it a second feature"),
+    (((0.5, 1.0), (0.625, 0.0), (0.125**2 + 1) ** 0.5), "the error without a sink"),
+    (((0.5, 1.0), (0.625, 0.0), 0.125), "closest one to full_output"),
+    (((0.5, 1.0), (0.625, 0.0)), "returns three things"),
+    (((0.5, 1.0, 0.0), (0.625, 0.0), 1.0), "is a pair of numbers"),
+])
+def test_streaming_prediction_wrong_answers(answer, phrase, capsys):
+    assert_fails(check_streaming_prediction, lambda: answer, capsys, phrase)
+    assert not passes_hidden_tests(NOTEBOOK, "ch13-ex5-check", predicted_streaming=lambda: answer)
+
+
+# ----------------------------------------------------------------------------- 13.6
+
+
+def _sinks(num_sinks):
+    return lambda b, h, q_idx, kv_idx: kv_idx < num_sinks
+
+
+def streaming_rule(num_sinks, window):
+    return and_masks(mods.causal, or_masks(_sinks(num_sinks), mods.sliding_window(window)))
+
+
+def test_streaming_rule_right_answers(capsys):
+    out = assert_passes(check_streaming_rule, streaming_rule, capsys)
+    assert "what the cache has forgotten" in out
+
+    def by_hand(num_sinks, window):
+        def allowed(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & ((kv_idx < num_sinks) | (q_idx - kv_idx < window))
+
+        return allowed
+
+    assert_passes(check_streaming_rule, by_hand, capsys)
+    assert passes_hidden_tests(NOTEBOOK, "ch13-ex6-check", streaming_rule=by_hand)
+
+
+@pytest.mark.parametrize(("answer", "phrase"), [
+    (lambda n, w: or_masks(_sinks(n), mods.sliding_window(w)), "a sink is a key like any other"),
+    (lambda n, w: and_masks(mods.causal, or_masks(_sinks(n), mods.sliding_window(w + 1))),
+     "the query's own included"),
+    (lambda n, w: mods.sliding_window(w), "stay visible to every later query"),
+    (lambda n, w: and_masks(mods.causal, or_masks(_sinks(n - 1), mods.sliding_window(w))),
+     "stay visible to every later query"),
+    (lambda n, w: shape_branching_rule(w), "query"),
+    (lambda n, w: torch.ones(3, 3, dtype=torch.bool), "returns a rule"),
+])
+def test_streaming_rule_wrong_answers(answer, phrase, capsys):
+    assert_fails(check_streaming_rule, answer, capsys, phrase)
+    assert not passes_hidden_tests(NOTEBOOK, "ch13-ex6-check", streaming_rule=answer)
+
+
+def test_a_streaming_rule_that_breaks_in_create_block_mask(capsys):
+    def branching(num_sinks, window):
+        right = streaming_rule(num_sinks, window)
+
+        def allowed(b, h, q_idx, kv_idx):
+            if q_idx.dim() == 0:
+                return bool(right(b, h, q_idx, kv_idx))
+            return right(b, h, q_idx, kv_idx)
+
+        return allowed
+
+    assert_fails(check_streaming_rule, branching, capsys, "in FlexAttention's create_block_mask")
+    assert not passes_hidden_tests(NOTEBOOK, "ch13-ex6-check", streaming_rule=branching)

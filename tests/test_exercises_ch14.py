@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from checker_asserts import assert_fails, assert_passes, unwritten
+from hidden_tests import passes_hidden_tests
 
 from attention_book import causal_mask, softmax
 from attention_book.exercises import (
@@ -30,9 +31,11 @@ _NBYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 def kv_bytes_per_token(config, context_length, *, kv_heads_key="num_key_value_heads",
                        dtype=True, window=True, layer_types=True, latent=True, both=2,
-                       use_head_dim=True, rope=True, minimum=True, latent_twice=False):
+                       use_head_dim=True, rope=True, minimum=True, latent_twice=False,
+                       dtype_key=None, switch=True):
     """The right answer; each keyword switches one typical mistake on."""
-    nbytes = _NBYTES[config["torch_dtype"]] if dtype else 2
+    name = config[dtype_key] if dtype_key else config.get("dtype") or config["torch_dtype"]
+    nbytes = _NBYTES[name] if dtype else 2
     num_layers = config["num_hidden_layers"]
     if latent and config.get("kv_lora_rank") is not None:
         numbers = config["kv_lora_rank"] + (config["qk_rope_head_dim"] if rope else 0)
@@ -43,6 +46,8 @@ def kv_bytes_per_token(config, context_length, *, kv_heads_key="num_key_value_he
         head_dim = config["head_dim"]
     per_layer = both * num_kv_heads * head_dim * nbytes
     sliding = config.get("sliding_window") if window else None
+    if switch and config.get("use_sliding_window") is False:
+        sliding = None
     kinds = (config.get("layer_types") if layer_types else None) or ["sliding_attention"] * num_layers
     total = 0
     for kind in kinds:
@@ -54,7 +59,19 @@ def kv_bytes_per_token(config, context_length, *, kv_heads_key="num_key_value_he
 
 
 def test_kv_bytes_right_answer(capsys):
-    assert_passes(check_kv_bytes_per_token, kv_bytes_per_token, capsys)
+    out = assert_passes(check_kv_bytes_per_token, kv_bytes_per_token, capsys)
+    assert "six published configurations" in out
+    assert passes_hidden_tests("14_kv_memory.ipynb", "ch14-ex1-check",
+                               kv_bytes_per_token=kv_bytes_per_token)
+
+
+@pytest.mark.parametrize("mistake", [{"switch": False}, {"dtype_key": "torch_dtype"},
+                                     {"dtype_key": "dtype"}])
+def test_kv_bytes_config_key_mistakes_fail_the_hidden_tests(mistake):
+    def answer(config, context_length):
+        return kv_bytes_per_token(config, context_length, **mistake)
+
+    assert not passes_hidden_tests("14_kv_memory.ipynb", "ch14-ex1-check", kv_bytes_per_token=answer)
 
 
 @pytest.mark.parametrize(("mistake", "phrase"), [
@@ -68,6 +85,9 @@ def test_kv_bytes_right_answer(capsys):
     ({"latent_twice": True}, "keys and values together"),
     ({"layer_types": False}, "layer_types entry"),
     ({"use_head_dim": False}, "when the config gives head_dim"),
+    ({"switch": False}, "use_sliding_window: false"),
+    ({"dtype_key": "torch_dtype"}, "call it dtype"),
+    ({"dtype_key": "dtype"}, "older configs call it torch_dtype"),
 ])
 def test_kv_bytes_typical_mistakes(mistake, phrase, capsys):
     assert_fails(check_kv_bytes_per_token,

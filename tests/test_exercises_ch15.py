@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from checker_asserts import assert_fails, assert_passes, unwritten
+from hidden_tests import passes_hidden_tests
 
 from attention_book import ablate_heads, find_heads
 from attention_book.exercises import (
     check_block_parameter_count,
+    check_generates_like_full_pass,
     check_induction_score,
-    check_is_causal,
     check_is_induction_head,
     check_mean_ablated_logits,
 )
@@ -270,7 +271,7 @@ def test_mean_ablation_blank_and_shapes(capsys):
 
 
 def is_induction_head(model, layer, head):
-    batch = repeated_segments(256, model.context_length, 8, model.vocab_size,
+    batch = repeated_segments(64, model.context_length, 8, model.vocab_size,
                               generator=torch.Generator().manual_seed(0))
     return bool(find_heads(model, batch.tokens).induction[layer, head] >= 0.5)
 
@@ -283,15 +284,40 @@ def is_induction_head_with_own_score(model, layer, head):
     return induction_score(all_weights[layer][:, head], batch.tokens) >= 0.5
 
 
+NOTEBOOK = "15_attention_in_a_model.ipynb"
+
+
 def test_is_induction_head_right(capsys):
-    assert_passes(check_is_induction_head, is_induction_head, capsys)
+    out = assert_passes(check_is_induction_head, is_induction_head, capsys)
+    assert "the definition's 0.5" in out
     assert_passes(check_is_induction_head, is_induction_head_with_own_score, capsys)
+    assert passes_hidden_tests(NOTEBOOK, "ch15-ex4-check", is_induction_head=is_induction_head)
+
+
+def with_threshold(threshold):
+    """The right test with another threshold than the definition's 0.5 (review M5)."""
+    def answer(model, layer, head):
+        batch = repeated_segments(64, model.context_length, 8, model.vocab_size,
+                                  generator=torch.Generator().manual_seed(0))
+        return bool(find_heads(model, batch.tokens).induction[layer, head] >= threshold)
+
+    return answer
+
+
+@pytest.mark.parametrize(("threshold", "phrase"), [
+    (0.3, "rejects a head with about 0.41"), (0.75, "accepts a head with about 0.58"),
+])
+def test_a_threshold_other_than_the_definitions_fails_the_checker_and_the_hidden_tests(
+        threshold, phrase, capsys):
+    assert_fails(check_is_induction_head, with_threshold(threshold), capsys, phrase)
+    assert not passes_hidden_tests(NOTEBOOK, "ch15-ex4-check",
+                                   is_induction_head=with_threshold(threshold))
 
 
 def at_a_fixed_offset(offset):
     """The chapter's control probe, misused: the copy always lies `offset` tokens on."""
     def weak(model, layer, head):
-        batch = repeated_segments(256, model.context_length, 8, model.vocab_size, offset=offset,
+        batch = repeated_segments(64, model.context_length, 8, model.vocab_size, offset=offset,
                                   generator=torch.Generator().manual_seed(0))
         return bool(find_heads(model, batch.tokens).induction[layer, head] >= 0.5)
 
@@ -309,14 +335,14 @@ def bos_and_two_copies(model, layer, head):
 
 
 def too_strict(model, layer, head):
-    batch = repeated_segments(256, model.context_length, 8, model.vocab_size,
+    batch = repeated_segments(64, model.context_length, 8, model.vocab_size,
                               generator=torch.Generator().manual_seed(0))
     return bool(find_heads(model, batch.tokens).induction[layer, head] >= 0.9)
 
 
 def needed_for_copying(model, layer, head):
     """'A head the copying needs is an induction head': ablation alone cannot say what it does."""
-    batch = repeated_segments(256, model.context_length, 8, model.vocab_size,
+    batch = repeated_segments(64, model.context_length, 8, model.vocab_size,
                               generator=torch.Generator().manual_seed(0))
     before = induction_accuracy(model, batch)
     with ablate_heads(model, [(layer, head)]):
@@ -340,106 +366,87 @@ def test_is_induction_head_blank_or_not_a_bool(capsys):
     assert_fails(check_is_induction_head, lambda model, layer, head: 0.7, capsys, "returns True or False")
 
 
-# --- is_causal ----------------------------------------------------------------------------------
+# --- generating with a cache ------------------------------------------------------------------
 
 
-def is_causal_right(model):
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models generate fastest on one thread (on a busy machine, by a factor of ten)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def generates_like_full_pass(model):
     generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, model.vocab_size, (2, model.context_length), generator=generator)
-    with torch.no_grad():
-        reference = model(tokens)
-        for position in range(model.context_length):
-            changed = tokens.clone()
-            changed[:, position] = (changed[:, position] + 1) % model.vocab_size
-            if not torch.allclose(model(changed)[:, :position], reference[:, :position]):
-                return False
+    for prompt_length in (1, 2, model.context_length // 2):
+        prompts = torch.randint(0, model.vocab_size, (4, prompt_length), generator=generator)
+        new_tokens = model.context_length - prompt_length
+        if not torch.equal(model.generate(prompts, new_tokens),
+                           model.generate(prompts, new_tokens, use_cache=False)):
+            return False
     return True
 
 
-def is_causal_last_token_only(model):
-    tokens = torch.zeros(1, model.context_length, dtype=torch.long)
-    changed = tokens.clone()
-    changed[:, -1] = 1
-    with torch.no_grad():
-        return bool(torch.allclose(model(changed)[:, :-1], model(tokens)[:, :-1]))
-
-
-def is_causal_compares_everything(model):
-    tokens = torch.zeros(1, model.context_length, dtype=torch.long)
-    changed = tokens.clone()
-    changed[:, 4] = 1
-    with torch.no_grad():
-        return bool(torch.allclose(model(changed), model(tokens)))
-
-
-def is_causal_by_prefixes(model):
-    """Another right answer: a prefix's logits equal the full sequence's on that prefix."""
-    tokens = torch.randint(0, model.vocab_size, (2, model.context_length),
-                           generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        full = model(tokens)
-        return all(torch.allclose(model(tokens[:, :p]), full[:, :p])
-                   for p in range(1, model.context_length + 1))
-
-
-def test_is_causal_right(capsys):
-    assert check_is_causal(is_causal_right)
-    assert capsys.readouterr().out.startswith("Correct:")
-    assert_passes(check_is_causal, is_causal_by_prefixes, capsys)
-
-
-def _changes(positions_of, compare_at):
-    """A weak causality test: change the tokens that positions_of(T) picks, compare some positions."""
-    def weak(model):
-        tokens = torch.randint(0, model.vocab_size, (2, model.context_length),
-                               generator=torch.Generator().manual_seed(0))
+def by_the_forward_pass(model):
+    """Another right answer: each cached choice is the argmax of the full forward pass."""
+    generator = torch.Generator().manual_seed(3)
+    for prompt_length in (1, 5):
+        prompts = torch.randint(0, model.vocab_size, (3, prompt_length), generator=generator)
+        generated = model.generate(prompts, model.context_length - prompt_length)
         with torch.no_grad():
-            reference = model(tokens)
-            for position in positions_of(model.context_length):
-                changed = tokens.clone()
-                changed[:, position] = (changed[:, position] + 1) % model.vocab_size
-                earlier = compare_at(position)
-                if not torch.allclose(model(changed)[:, earlier], reference[:, earlier]):
-                    return False
-        return True
+            chosen = model(generated[:, :-1]).argmax(dim=-1)[:, prompt_length - 1:]
+        if not torch.equal(chosen, generated[:, prompt_length:]):
+            return False
+    return True
+
+
+def test_generation_test_right(capsys):
+    out = assert_passes(check_generates_like_full_pass, generates_like_full_pass, capsys)
+    assert "catches all four broken caches" in out
+    assert_passes(check_generates_like_full_pass, by_the_forward_pass, capsys)
+    for answer in (generates_like_full_pass, by_the_forward_pass):
+        assert passes_hidden_tests(NOTEBOOK, "ch15-ex5-check", generates_like_full_pass=answer)
+
+
+def _compare(prompt_length, new_tokens, batch=4):
+    """A weak test: one prompt length, a fixed number of new tokens."""
+    def weak(model):
+        prompts = torch.randint(0, model.vocab_size, (batch, prompt_length),
+                                generator=torch.Generator().manual_seed(0))
+        count = new_tokens or model.context_length - prompt_length
+        return torch.equal(model.generate(prompts, count),
+                           model.generate(prompts, count, use_cache=False))
 
     return weak
 
 
-@pytest.mark.parametrize(("weak_test", "missed"), [
-    (_changes(lambda T: [T // 2], lambda p: slice(0, p)), "position 0 reads token 3"),
-    (_changes(lambda T: range(T - 1), lambda p: slice(0, p)), "the second-to-last position"),
-    (_changes(lambda T: range(T), lambda p: slice(0, min(p, 1))), "the second-to-last position"),
-    (_changes(lambda T: range(T), lambda p: slice(max(p - 1, 0), p)), "position 0 reads token 3"),
-    (_changes(lambda T: [T - 1], lambda p: slice(0, p)), "position 0 reads token 3"),
+@pytest.mark.parametrize(("weak_test", "missed", "hint"), [
+    (_compare(3, 1), "positions restart at 0", "generate at least two new tokens"),
+    (_compare(2, 3), "position 6 or later", "generate until the context is full"),
+    (_compare(1, None), "caches only the prompt's last token", "prompts of several tokens"),
+    (lambda model: True, "positions restart at 0", "at least two new tokens"),
 ])
-def test_is_causal_weak_tests_are_rejected(weak_test, missed, capsys):
-    assert_fails(check_is_causal, weak_test, capsys, "rejects a model with", missed)
+def test_weak_generation_tests_fail_the_checker_and_the_hidden_tests(weak_test, missed, hint,
+                                                                   capsys):
+    assert_fails(check_generates_like_full_pass, weak_test, capsys, "your test catches", missed,
+                 hint)
+    assert not passes_hidden_tests(NOTEBOOK, "ch15-ex5-check", generates_like_full_pass=weak_test)
 
 
-def test_is_causal_on_its_own_short_input_is_rejected(capsys):
-    def short(model):
-        tokens = torch.randint(0, model.vocab_size, (2, 3), generator=torch.Generator().manual_seed(0))
-        with torch.no_grad():
-            return torch.allclose(model(tokens[:, :2]), model(tokens)[:, :2])
+def test_a_generation_test_that_compares_the_cache_with_itself(capsys):
+    def same_path(model):
+        prompts = torch.randint(0, model.vocab_size, (4, 3), generator=torch.Generator().manual_seed(0))
+        return torch.equal(model.generate(prompts, 9), model.generate(prompts, 9))
 
-    assert_fails(check_is_causal, short, capsys, "rejects a model with")
-
-
-def test_is_causal_that_changes_only_the_last_token_misses_a_leak(capsys):
-    assert_fails(check_is_causal, is_causal_last_token_only, capsys,
-                 "rejects a model with position 0 reads token 3")
+    assert_fails(check_generates_like_full_pass, same_path, capsys, "positions restart at 0")
 
 
-def test_is_causal_that_compares_every_position_rejects_healthy_models(capsys):
-    assert_fails(check_is_causal, is_causal_compares_everything, capsys,
-                 "accepts a healthy TinyGPT")
-
-
-def test_is_causal_that_always_says_yes_or_returns_a_tensor(capsys):
-    assert_fails(check_is_causal, lambda model: True, capsys,
-                 "rejects a model with attention without the causal mask")
-    assert_fails(check_is_causal, lambda model: torch.tensor(True), capsys, "returns a bool")
+def test_a_generation_test_that_always_fails_or_returns_a_number(capsys):
+    assert_fails(check_generates_like_full_pass, lambda model: False, capsys,
+                 "your test accepts a TinyGPT with learned positions")
+    assert_fails(check_generates_like_full_pass, lambda model: 1.0, capsys, "returns a bool")
 
 
 def test_checkers_leave_the_global_random_state_alone():
@@ -448,5 +455,5 @@ def test_checkers_leave_the_global_random_state_alone():
     torch.manual_seed(5)
     check_mean_ablated_logits(mean_ablated_logits)
     check_is_induction_head(is_induction_head_with_own_score)
-    check_is_causal(is_causal_right)
+    check_generates_like_full_pass(generates_like_full_pass)
     assert torch.equal(torch.rand(3), expected)

@@ -136,6 +136,23 @@ def test_induction_scores_need_repeats():
         previous_token_scores(hand_built_induction_model(), torch.zeros(4, dtype=torch.long))
 
 
+def test_induction_scores_at_chosen_queries(copier):
+    """Scored only at the queries of a second copy, the hand-built head still scores 1; a mask
+    that keeps no query with a target is refused; a bad mask is named."""
+    tokens = _repeated()  # (B, 15): [0, s, s]
+    second_copy = torch.zeros_like(tokens, dtype=torch.bool)
+    second_copy[:, 8:] = True
+    torch.testing.assert_close(induction_scores(copier, tokens, queries=second_copy),
+                               induction_scores(copier, tokens))  # only the copy repeats here
+    assert induction_scores(copier, tokens, queries=second_copy)[1, 0] > 0.99
+    with pytest.raises(ValueError, match="occurs twice"):
+        induction_scores(copier, tokens, queries=torch.zeros_like(second_copy))
+    with pytest.raises(ValueError, match="the shape of tokens"):
+        induction_scores(copier, tokens, queries=second_copy[:, :4])
+    with pytest.raises(TypeError, match="bool tensor"):
+        induction_scores(copier, tokens, queries=second_copy.long())
+
+
 def test_scores_leave_training_mode_as_it_was(copier):
     copier.train()
     previous_token_scores(copier, _repeated())

@@ -173,7 +173,9 @@ def previous_token_scores_of_weights(weights: torch.Tensor, keys: torch.Tensor |
     return (previous * counted).sum(dim=(1, 3)) / counted.sum()  # (L, H)
 
 
-def induction_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+def induction_scores(
+    model: nn.Module, tokens: torch.Tensor, *, queries: torch.Tensor | None = None
+) -> torch.Tensor:
     """Each head's mean attention weight on the token after an earlier copy of the query's token.
 
     For every query whose token occurred before (see :func:`induction_targets`), the weight on
@@ -181,13 +183,19 @@ def induction_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     sequences. An induction head scores near 1. Use sequences that repeat (as in chapter 15,
     a random segment that occurs twice), or nothing is there to find.
 
+    With ``queries``, only the marked query positions count (those of them that have a
+    target): for example the positions of a segment's second copy (chapter 15's
+    ``loss_mask``), where the target is the first copy, and not the tokens that repeat by
+    chance elsewhere.
+
     Args:
         model: a language model whose ``model(tokens, return_weights=True)`` returns
             ``(logits, [weights of each layer])``, such as :class:`TinyGPT`.
         tokens: integer token ids to run it on; at least one token must repeat.
+        queries: optional boolean mask of the query positions to average over.
 
     Shapes:
-        tokens ``(B, T)`` -> ``(num_layers, num_heads)``.
+        tokens ``(B, T)``, queries ``(B, T)`` -> ``(num_layers, num_heads)``.
 
     Returns:
         A float tensor of scores in [0, 1], on the weights' device.
@@ -195,6 +203,14 @@ def induction_scores(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     Taught in chapter 15.
     """
     targets = induction_targets(tokens)  # (B, T, T)
+    if queries is not None:
+        if not isinstance(queries, torch.Tensor) or queries.dtype != torch.bool:
+            raise TypeError("queries must be a bool tensor of shape (B, T) marking the query "
+                            "positions to score")
+        if queries.shape != tokens.shape:
+            raise ValueError(f"queries must have the shape of tokens, {tuple(tokens.shape)}, "
+                             f"got {tuple(queries.shape)}")
+        targets = targets & queries.to(targets.device)[:, :, None]  # (B, T, T): other rows empty
     return induction_scores_of_weights(_attention_weights(model, tokens), targets)
 
 

@@ -49,11 +49,11 @@ def rotary_embedding(
     the first pairs turn fast, the last ones slowly. Rotating queries and keys this
     way makes their dot product depend on the two positions only through ``m - n``.
     ``interleaved=False`` pairs feature ``i`` with feature ``i + head_dim/2`` (the
-    split-half pairing of Llama, GPT-NeoX and Hugging Face's ``rotate_half``);
-    ``interleaved=True`` pairs features ``2i`` and ``2i + 1`` (GPT-J and the RoFormer
-    paper). The two give different results for the same ``x``: weights trained with one
-    pairing are wrong under the other. The angles are computed in float64 (float32 on
-    MPS) and the result has the dtype of ``x``.
+    split-half pairing of GPT-NeoX, of Llama as Hugging Face ships it, and of Hugging
+    Face's ``rotate_half``); ``interleaved=True`` pairs features ``2i`` and ``2i + 1``
+    (GPT-J, the RoFormer paper and Meta's own Llama code). The two give different results
+    for the same ``x``: weights trained with one pairing are wrong under the other. The
+    angles are computed in float64 (float32 on MPS) and the result has the dtype of ``x``.
 
     Args:
         x: the queries or keys of one or more heads.

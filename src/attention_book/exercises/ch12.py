@@ -181,44 +181,61 @@ def _cells(table: torch.Tensor) -> str:
 # --------------------------------------------------------------------------- exercise 12.3
 
 
+def _rope_2d_reference(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                      half: int, interleaved: bool = False) -> torch.Tensor:
+    """The first ``half`` features turned by the rows, the rest by the columns."""
+    return torch.cat((rotary_embedding(x[..., :half], rows, interleaved=interleaved),
+                      rotary_embedding(x[..., half:], cols, interleaved=interleaved)), dim=-1)
+
+
 @checker
 def check_rope_2d(fn) -> None:
     """Check ``fn(x, rows, cols)``: 2-D RoPE, the first half by rows and the second by columns.
 
+    It is checked at ``head_dim`` 8, 12 and 16, so that a half written as a fixed number is
+    wrong somewhere.
+
     Taught in chapter 12 (Exercise 12.3).
     """
-    torch.manual_seed(0)
-    x = torch.randn(2, 6, 8)  # (B, T, head_dim): 6 patches of a 2 x 3 image
-    rows = torch.tensor([0, 0, 0, 1, 1, 1])  # (T,)
+    rows = torch.tensor([0, 0, 0, 1, 1, 1])  # (T,): 6 patches of a 2 x 3 image
     cols = torch.tensor([0, 1, 2, 0, 1, 2])  # (T,)
-    half = x.size(-1) // 2
-    expected = torch.cat((rotary_embedding(x[..., :half], rows),
-                          rotary_embedding(x[..., half:], cols)), dim=-1)  # (B, T, head_dim)
-    out = call(fn, x, rows, cols)
-    expect_shape("rope_2d(x, rows, cols)", out, x.shape, hint="return a tensor shaped like x")
-    shifted = call(fn, x, rows + 3, cols + 5)
-    moved = (_scores(out[0], out[1]) - _scores(shifted[0], shifted[1])).abs().max().item()
-    expect_true("scores depend only on the row and column distances", moved <= 1e-4,
-                expected="the same scores when the whole grid moves by 3 rows and 5 columns",
-                actual=f"scores change by up to {moved:.3g}", hint=(
-                    "rotate each half with rotary_embedding (its positions are the rows, or "
-                    "the columns); do not add or mix positions before rotating"))
-    swapped = torch.cat((rotary_embedding(x[..., :half], cols),
-                         rotary_embedding(x[..., half:], rows)), dim=-1)
-    if _close(out, swapped):
-        fail("the first half of the features turns with the rows", expected="rows first",
-             actual="the first half turns with the columns",
-             hint="swap rows and cols: x[..., :head_dim // 2] goes with the rows")
-    interleaved = torch.cat((rotary_embedding(x[..., :half], rows, interleaved=True),
-                             rotary_embedding(x[..., half:], cols, interleaved=True)), dim=-1)
-    if _close(out, interleaved):
-        fail("each half uses the split-half pairing", expected="interleaved=False",
-             actual="the interleaved pairing", hint="use rotary_embedding's default pairing")
-    expect_close("rope_2d(x, rows, cols)", out, expected, hint=(
-        "split the features in two halves of head_dim/2; each half is rotated as a head of "
-        "its own with rotary_embedding, the first by rows, the second by cols"))
+    for head_dim in (8, 12, 16):
+        torch.manual_seed(head_dim)
+        x = torch.randn(2, 6, head_dim)  # (B, T, head_dim)
+        half = head_dim // 2
+        expected = _rope_2d_reference(x, rows, cols, half)  # (B, T, head_dim)
+        label = f"rope_2d(x, rows, cols) with head_dim = {head_dim}"
+        out = call(fn, x, rows, cols)
+        expect_shape(label, out, x.shape, hint="return a tensor shaped like x")
+        shifted = call(fn, x, rows + 3, cols + 5)
+        moved = (_scores(out[0], out[1]) - _scores(shifted[0], shifted[1])).abs().max().item()
+        expect_true(f"scores depend only on the row and column distances (head_dim = "
+                    f"{head_dim})", moved <= 1e-4,
+                    expected="the same scores when the whole grid moves by 3 rows and 5 columns",
+                    actual=f"scores change by up to {moved:.3g}", hint=(
+                        "rotate each half with rotary_embedding (its positions are the rows, "
+                        "or the columns); do not add or mix positions before rotating"))
+        if _close(out, _rope_2d_reference(x, cols, rows, half)):
+            fail("the first half of the features turns with the rows", expected="rows first",
+                 actual="the first half turns with the columns",
+                 hint="swap rows and cols: x[..., :head_dim // 2] goes with the rows")
+        if _close(out, _rope_2d_reference(x, rows, cols, half, interleaved=True)):
+            fail("each half uses the split-half pairing", expected="interleaved=False",
+                 actual="the interleaved pairing", hint="use rotary_embedding's default pairing")
+        for fixed in (4, 8):
+            if fixed != half and fixed < head_dim and _close(out, _rope_2d_reference(x, rows, cols, fixed)):
+                fail(f"the halves are head_dim // 2 = {half} features each ({label})",
+                     expected=f"{half} features turned by the rows, {half} by the columns",
+                     actual=f"the first {fixed} features turned by the rows, the other "
+                            f"{head_dim - fixed} by the columns",
+                     hint=f"read the half from the input, x.size(-1) // 2, instead of writing "
+                          f"{fixed}: rope_2d must work for every head_dim that is a multiple "
+                          "of 4")
+        expect_close(label, out, expected, hint=(
+            "split the features in two halves of head_dim/2; each half is rotated as a head of "
+            "its own with rotary_embedding, the first by rows, the second by cols"))
     passed("each half turns by its own axis, so a score depends only on (row distance, "
-           "column distance): moving the whole grid leaves it unchanged.")
+           "column distance): moving the whole grid leaves it unchanged, whatever the head_dim.")
 
 
 # --------------------------------------------------------------------------- exercise 12.4
@@ -294,6 +311,39 @@ class _DecodesWrongSomewhere(nn.Module):
         return self.layer(x, allowed, return_weights, kv_cache=kv_cache)
 
 
+class _Subject(nn.Module):
+    """A layer for the checker: right without a cache; while decoding, ``change(position,
+    output)`` rewrites the output of each decoded position (``output`` is ``(B, d_out)``)."""
+
+    def __init__(self, layer: nn.Module, change):
+        super().__init__()
+        self.layer = layer
+        self.change = change
+
+    def forward(self, x, mask=None, return_weights=False, *, kv_cache=None):
+        if kv_cache is None:
+            return self.layer(x, mask, return_weights)
+        start = len(kv_cache)
+        out = self.layer(x, mask, False, kv_cache=kv_cache)  # (B, T, d_out)
+        out = torch.stack([self.change(start + t, out[:, t]) for t in range(out.size(1))], dim=1)
+        return (out, None) if return_weights else out
+
+
+def _cancelling(position: int, output: torch.Tensor) -> torch.Tensor:
+    """Token 2 comes out off by +e and token 3 by -e, with e summing to 0 over the features:
+    every mean of the outputs (over tokens, over features, over both) is unchanged."""
+    signs = torch.ones(output.size(-1), dtype=output.dtype)
+    signs[1::2] = -1.0  # (d_out,): +1, -1, +1, ...; sums to 0 for an even d_out
+    step = {2: 0.05, 3: -0.05}.get(position, 0.0)
+    return output + step * signs
+
+
+def _reordered(position: int, output: torch.Tensor) -> torch.Tensor:
+    """Token 4 comes out with its features in reverse order: its mean, its norm and its sorted
+    values are unchanged."""
+    return output.flip(-1) if position == 4 else output
+
+
 def _layers() -> list[tuple[str, nn.Module, bool]]:
     def seeded(build):
         torch.manual_seed(0)
@@ -324,6 +374,12 @@ def _layers() -> list[tuple[str, nn.Module, bool]]:
          "only: the last token is right)",
          seeded(lambda: _DecodesWrongSomewhere(
              rope_layer(), lambda q, k: ((q == 2) | (q == 3)) & (k == 0))), False),
+        ("a layer whose decoded tokens 2 and 3 are off by +e and -e, with e summing to 0 "
+         "(errors that cancel in every mean)",
+         seeded(lambda: _Subject(rope_layer(), _cancelling)), False),
+        ("a layer whose decoded token 4 comes out with its features reversed (the same mean, "
+         "norm and values, in the wrong places)",
+         seeded(lambda: _Subject(rope_layer(), _reordered)), False),
     ]
 
 
@@ -332,7 +388,8 @@ def check_decodes_like_full_pass(fn) -> None:
     """Check the property test ``fn(layer, x) -> bool`` against healthy and broken layers.
 
     The broken layers go wrong at different depths of the cache: from the second token, from
-    the fourth, at the sixth only, and at the third and fourth only; ``x`` has 6 tokens.
+    the fourth, at the sixth only, and at the third and fourth only; two more have errors
+    that no mean, sum or norm of the outputs shows. ``x`` has 6 tokens.
 
     Taught in chapter 12 (Exercise 12.5).
     """
@@ -357,8 +414,10 @@ def check_decodes_like_full_pass(fn) -> None:
                  hint=("feed every token of x, one call at a time, through one KVCache, "
                        "layer(x[:, t:t+1], kv_cache=cache), and compare the output of every "
                        "token with layer(x): a bug can show at any depth of the cache, from "
-                       "the first cached token to the last, and only there"))
+                       "the first cached token to the last, and only there; compare every "
+                       "number (torch.allclose on the whole outputs), not a summary such as "
+                       "a mean or a norm, in which errors can cancel"))
     broken = sum(not healthy for _, _, healthy in layers)
     passed(f"your test passes the 3 healthy layers and catches all {broken} broken ones, "
-           "whether they go wrong from the second token, only once the cache is deep, or only "
-           "in the middle of the sequence.")
+           "whether they go wrong from the second token, only once the cache is deep, only "
+           "in the middle of the sequence, or in a way no average shows.")

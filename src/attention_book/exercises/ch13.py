@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import types
 import warnings
 
 import torch
 
 from ..attention import causal_mask, scaled_dot_product_attention, sliding_window_mask
+from ..flash import partial_attention
 from ..mods import apply_score_mod, materialize
 from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
@@ -16,6 +19,8 @@ __all__ = [
     "check_relative_bias_mod",
     "check_window_tile_prediction",
     "check_flex_attention_with_sink",
+    "check_streaming_prediction",
+    "check_streaming_rule",
 ]
 
 
@@ -27,15 +32,57 @@ def _first_difference(mask: torch.Tensor, expected: torch.Tensor) -> tuple[int, 
 # --------------------------------------------------------------------------- exercise 13.1
 
 
+_TENSOR_OPERATIONS_HINT = (
+    "use tensor operations only (&, |, ==, <=, //), not `and`, `or`, `if` or int(): the rule "
+    "receives tensors of indices, and FlexAttention cannot follow Python's control flow "
+    "through them")
+
+
+def _rule_failure(where: str, error: Exception) -> None:
+    """Turn an error raised while evaluating a learner's mask rule into feedback."""
+    message = str(error)
+    if isinstance(error, TypeError) and "must return booleans" in message:
+        hint = ("the rule answers yes or no: return a bool tensor (comparisons combined with "
+                "& and |), not numbers; drop the .int() or .float()")
+    elif "data-dependent control flow" in message:
+        hint = ("FlexAttention's create_block_mask runs the rule under vmap, where a tensor "
+                "has no single True or False: no `if`, `and`, `or`, bool() or a branch on "
+                "the indices' shape; " + _TENSOR_OPERATIONS_HINT)
+    else:
+        hint = _TENSOR_OPERATIONS_HINT
+    fail(f"the rule works {where}", expected="no error",
+         actual=f"{type(error).__name__}: {message.splitlines()[0] if message else ''}",
+         hint=hint)
+
+
+def _block_mask_dense(rule, num_tokens: int) -> torch.Tensor | None:
+    """The mask FlexAttention builds from ``rule``: ``create_block_mask``'s own evaluation.
+
+    ``create_block_mask`` traces the rule with ``vmap``, which needs the rule's code in this
+    process. A rule that lives in another process (a grader's proxy, whose calls carry plain
+    tensors) cannot be traced: then this returns None, and the grid and single-index calls
+    are the checks.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask
+
+    # type(), not isinstance(): a proxy may report a function's class as its own.
+    if type(rule) not in (types.FunctionType, types.MethodType, functools.partial):
+        return None
+    create_block_mask(rule, None, None, num_tokens, num_tokens, device="cpu")
+    return create_mask(rule, None, None, num_tokens, num_tokens, device="cpu")[0, 0]  # (T, T)
+
+
 @checker
 def check_chunked_attention_rule(fn) -> None:
     """Check ``fn(chunk_size)``, which returns the chunked-attention rule ``allowed(b, h, q, k)``.
 
     The rule is called the way ``mods.materialize`` and FlexAttention call it: on whole
-    grids of indices at once, and on single indices (0-d tensors).
+    grids of indices at once, on single indices (0-d tensors), and through FlexAttention's
+    own ``create_block_mask``, which evaluates it under ``vmap``.
 
     Taught in chapter 13 (Exercise 13.1).
     """
+    traced = True
     for chunk_size, num_tokens in ((3, 8), (2, 5), (4, 4), (1, 3), (5, 12)):
         rule = call(fn, chunk_size)
         expect_true("chunked_rule returns a rule", callable(rule),
@@ -49,11 +96,7 @@ def check_chunked_attention_rule(fn) -> None:
         try:
             mask = materialize(rule, 1, 1, num_tokens)[0, 0]  # (T, T)
         except Exception as error:  # noqa: BLE001 - the learner's rule becomes feedback
-            fail("the rule works on whole grids of indices", expected="no error",
-                 actual=f"{type(error).__name__}: {error}",
-                 hint="use tensor operations only (&, |, ==, <=, //), not `and`, `or`, `if` "
-                      "or int(): the rule receives tensors of indices, and FlexAttention "
-                      "cannot follow Python's control flow through them")
+            _rule_failure("on whole grids of indices", error)
         if bool((mask & ~causal_mask(num_tokens)).any()):
             fail(f"no query sees a future key (chunk_size={chunk_size})",
                  expected="False above the diagonal", actual="True somewhere above it",
@@ -72,7 +115,24 @@ def check_chunked_attention_rule(fn) -> None:
                         f"{chunk_size})", bool(torch.as_tensor(single)) == bool(expected[q, k]),
                         expected=bool(expected[q, k]), actual=bool(torch.as_tensor(single)),
                         hint="the rule must give the same answer for one pair as for a grid")
-    passed("causal attention inside each chunk, written as a rule that works on index grids.")
+        try:
+            flex_mask = _block_mask_dense(rule, num_tokens)  # (T, T)
+        except Exception as error:  # noqa: BLE001 - the learner's rule becomes feedback
+            _rule_failure(f"in FlexAttention's create_block_mask (chunk_size={chunk_size})",
+                          error)
+        traced = traced and flex_mask is not None
+        if flex_mask is not None and not torch.equal(flex_mask, expected):
+            q, k = _first_difference(flex_mask, expected)
+            fail(f"create_block_mask builds the same mask (chunk_size={chunk_size})",
+                 expected=f"query {q} and key {k}: {bool(expected[q, k])}",
+                 actual=f"{bool(flex_mask[q, k])} in the mask FlexAttention evaluated",
+                 hint="FlexAttention calls the rule with index tensors of its own shapes; "
+                      "write it so that it broadcasts (q_idx and kv_idx may be 0-d or have "
+                      "any shape) and never inspects the shapes")
+    passed("causal attention inside each chunk, written as a rule that works on index grids "
+           + ("and in FlexAttention's create_block_mask." if traced else
+              "and on single indices (create_block_mask was not run: your rule lives in "
+              "another process here, which vmap cannot trace)."))
 
 
 # --------------------------------------------------------------------------- exercise 13.2
@@ -101,6 +161,18 @@ def check_relative_bias_mod(fn) -> None:
                 actual=type(score_mod).__name__,
                 hint="define the score rule inside relative_bias_mod and return it, without "
                      "calling it")
+    near = [(q, k) for q in range(num_tokens) for k in range(q + 1) if q - k < max_distance]
+    try:  # every distance has its own column here: an IndexError is not about clipping
+        score_mod(torch.zeros(1, num_heads, len(near)), *_pair_grids(near, num_heads))
+    except IndexError as error:
+        fail("the rule works for keys fewer than max_distance positions back",
+             expected="no error", actual=f"IndexError: {error}",
+             hint="index bias once, with the head and the distance together: bias[h, d]. "
+                  "Chained indexing, bias[h][d], first picks whole rows (one per head index, "
+                  "which keeps the indices' dimensions), then indexes those rows' first "
+                  "dimension with d")
+    except Exception:  # noqa: BLE001 - reported with its hint by the call below
+        pass
     allowed = [(q, k) for q in range(num_tokens) for k in range(q + 1)]
     b, h, q_idx, kv_idx = _pair_grids(allowed, num_heads)
     scores = torch.randn(1, num_heads, len(allowed), generator=generator)  # (1, H, P)
@@ -279,8 +351,7 @@ def check_flex_attention_with_sink(fn) -> None:
                         "section 13.4",
                  hint="the gate is sigmoid(logsumexp(scores) - sink); with the log-sum-exp left "
                       "out, every row loses the same share whatever its scores")
-        lse = torch.logsumexp((query @ key.transpose(-2, -1) / math.sqrt(8)).masked_fill(
-            ~mask, float("-inf")), dim=-1)  # (B, heads, T)
+        _, lse = partial_attention(query, key, value, window=window)  # (B, heads, T)
         inverted = plain * torch.sigmoid(sinks.view(1, -1, 1) - lse).unsqueeze(-1)
         if torch.allclose(output, inverted, atol=1e-5):
             fail("the rows keep the weight the keys win",
@@ -300,3 +371,172 @@ def check_flex_attention_with_sink(fn) -> None:
             "section 13.4 needs the log-sum-exp of the same row"))
     passed("FlexAttention's output times sigmoid(lse - sink) is the windowed attention with a "
            "sink in every softmax's denominator, without changing the kernel.")
+
+
+# --------------------------------------------------------------------------- exercise 13.5
+# One query (token 9) of one head, full causal attention over tokens 0 ... 9. StreamingLLM
+# keeps the 2 sink tokens 0 and 1 and a window of the last 4 (6, 7, 8, 9): tokens 2 ... 5 are
+# evicted. The sinks carry nothing; the evicted tokens carry the second feature; the window
+# carries the first.
+_STREAM_WEIGHTS = [0.50, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.10]
+_STREAM_VALUES = [(0.0, 0.0)] * 2 + [(0.0, 5.0)] * 4 + [(2.0, 0.0)] * 4
+_STREAM_KEPT = [0, 1, 6, 7, 8, 9]
+
+
+def _stream_answer() -> tuple[torch.Tensor, torch.Tensor, float]:
+    weights = torch.tensor(_STREAM_WEIGHTS, dtype=torch.float64)  # (T,)
+    values = torch.tensor(_STREAM_VALUES, dtype=torch.float64)  # (T, 2)
+    full = weights @ values  # (2,)
+    kept = torch.zeros(len(weights), dtype=torch.bool)
+    kept[_STREAM_KEPT] = True
+    streaming = (weights * kept / weights[kept].sum()) @ values  # (2,): renormalised
+    # A sink logit multiplies the output by a gate g in (0, 1): the closest point g * streaming.
+    gate = float((full @ streaming) / (streaming @ streaming))
+    smallest = float((full - min(max(gate, 0.0), 1.0) * streaming).norm())
+    return full, streaming, smallest
+
+
+def _as_pair(value: object, name: str) -> torch.Tensor:
+    try:
+        pair = torch.as_tensor(value, dtype=torch.float64).flatten()
+    except (TypeError, ValueError, RuntimeError):
+        fail(f"{name} is a pair of numbers", expected="two numbers, e.g. (0.1, 0.2)",
+             actual=repr(value)[:80], hint="each output is a vector of the two value features")
+    expect_true(f"{name} is a pair of numbers", pair.numel() == 2, expected="two numbers",
+                actual=f"{pair.numel()} numbers", hint="each output has the two features of "
+                "the values: (first feature, second feature)")
+    return pair
+
+
+@checker
+def check_streaming_prediction(fn) -> None:
+    """Check ``fn()``: (full output, StreamingLLM's output, the smallest error a sink logit allows).
+
+    Taught in chapter 13 (Exercise 13.5).
+    """
+    result = call(fn)
+    if not (isinstance(result, (tuple, list)) and len(result) == 3):
+        fail("predicted_streaming returns three things",
+             expected="(full_output, streaming_output, smallest_error)",
+             actual=repr(result)[:80], hint="two pairs of numbers and one number")
+    full, streaming, smallest = _stream_answer()
+    got_full = _as_pair(result[0], "full_output")
+    got_streaming = _as_pair(result[1], "streaming_output")
+    try:
+        got_smallest = float(result[2])
+    except (TypeError, ValueError):
+        fail("smallest_error is a number", expected="one number (a length)",
+             actual=repr(result[2])[:80], hint="the size of the error vector, a float")
+    if not torch.allclose(got_full, full, atol=1e-3):
+        hint = ("full attention's output is the weighted sum of every value: sum_j w_j v_j "
+                "over tokens 0 ... 9")
+        if torch.allclose(got_full, torch.tensor([0.5, 0.0], dtype=torch.float64), atol=1e-3):
+            hint = ("full attention still sees tokens 2 ... 5: only the cache drops them, so "
+                    "their values count in the full output")
+        fail("full_output is full attention's output", expected="sum_j w_j v_j",
+             actual=got_full.tolist(), hint=hint)
+    if not torch.allclose(got_streaming, streaming, atol=1e-3):
+        if torch.allclose(got_streaming, torch.tensor([0.5, 0.0], dtype=torch.float64),
+                          atol=1e-3):
+            hint = ("the evicted tokens' weights do not vanish: StreamingLLM's softmax runs over "
+                    "the kept keys only, so their weights are scaled up to sum to 1 (divide by "
+                    "the weight the kept keys had)")
+        elif torch.allclose(got_streaming, full, atol=1e-3):
+            hint = ("tokens 2 ... 5 have left the cache: StreamingLLM keeps the 2 sinks and the "
+                    "window of the last 4 tokens only")
+        else:
+            hint = ("keep the weights of tokens 0, 1, 6, 7, 8 and 9, divide them by their sum "
+                    "(a softmax over fewer keys), and weight the values with them")
+        fail("streaming_output is StreamingLLM's output", expected="the kept keys' weights, "
+             "renormalised, times their values", actual=got_streaming.tolist(), hint=hint)
+    if abs(got_smallest - smallest) > 1e-3:
+        error_now = float((full - streaming).norm())
+        if abs(got_smallest) <= 1e-3:
+            hint = ("a sink logit multiplies the whole output by one factor, sigmoid(LSE - s), "
+                    "between 0 and 1 (section 13.4): it can shrink StreamingLLM's output, but "
+                    "it cannot give it a second feature that none of the kept values carries")
+        elif abs(got_smallest - error_now) <= 1e-3:
+            hint = ("that is the error without a sink; a sink logit scales the output by a "
+                    "factor g in (0, 1): pick the g that brings g * streaming_output closest "
+                    "to full_output")
+        else:
+            hint = ("the outputs a sink logit can give are g * streaming_output for g in "
+                    "(0, 1): find the closest one to full_output and measure the length of "
+                    "what is left (the Euclidean norm of the difference)")
+        fail("smallest_error is the least error any sink logit leaves",
+             expected="the distance from full_output to the closest g * streaming_output",
+             actual=round(got_smallest, 4), hint=hint)
+    passed("the sink can scale the window's part back to its full-attention size, but the "
+           "second feature, which only the evicted tokens carried, stays missing: the error "
+           "left is exactly what tokens 2 ... 5 added to full attention.")
+
+
+# --------------------------------------------------------------------------- exercise 13.6
+
+
+@checker
+def check_streaming_rule(fn) -> None:
+    """Check ``fn(num_sinks, window)``: StreamingLLM's cache as a mask rule ``allowed(b, h, q, k)``.
+
+    The rule is checked on grids, on single indices and through FlexAttention's
+    ``create_block_mask``.
+
+    Taught in chapter 13 (Exercise 13.6).
+    """
+    traced = True
+    for num_sinks, window, num_tokens in ((4, 3, 12), (1, 1, 6), (2, 5, 9), (3, 8, 8)):
+        rule = call(fn, num_sinks, window)
+        expect_true("streaming_rule returns a rule", callable(rule),
+                    expected="a function allowed(b, h, q_idx, kv_idx)",
+                    actual=type(rule).__name__,
+                    hint="define the rule inside streaming_rule and return it, without calling "
+                         "it")
+        positions = torch.arange(num_tokens)
+        distance = positions[:, None] - positions[None, :]  # (T, T): q - k
+        causal = causal_mask(num_tokens)
+        sink = (positions < num_sinks)[None, :]  # (1, T)
+        expected = causal & (sink | (distance < window))  # (T, T)
+        label = f"num_sinks={num_sinks}, window={window}"
+        try:
+            mask = materialize(rule, 1, 1, num_tokens)[0, 0]  # (T, T)
+        except Exception as error:  # noqa: BLE001 - the learner's rule becomes feedback
+            _rule_failure("on whole grids of indices", error)
+        if bool((mask & ~causal).any()):
+            q, k = _first_difference(mask & ~causal, torch.zeros_like(causal))
+            fail(f"no query sees a future key ({label})", expected=f"query {q} cannot see key {k}",
+                 actual="it can", hint="a sink is a key like any other: a query sees only the "
+                 "sinks at or before it; combine the rule with kv_idx <= q_idx")
+        if not torch.equal(mask, expected):
+            q, k = _first_difference(mask, expected)
+            hints = []
+            if bool(expected[q, k]) and k < num_sinks:
+                hints.append("the first num_sinks tokens stay visible to every later query")
+            if (q - k) in (window - 1, window):
+                hints.append("the window holds `window` keys, the query's own included: "
+                             "0 <= q_idx - kv_idx < window")
+            if not hints:
+                hints.append("a key is allowed when it is a sink (kv_idx < num_sinks) or lies "
+                             "in the window, and never in the future")
+            fail(f"query {q} and key {k} ({label})", expected=bool(expected[q, k]),
+                 actual=bool(mask[q, k]), hint="; ".join(hints))
+        single = call(rule, torch.tensor(0), torch.tensor(0), torch.tensor(num_tokens - 1),
+                      torch.tensor(0), prop="the rule works on single indices (0-d tensors)")
+        expect_true(f"the rule on the single pair query {num_tokens - 1}, key 0 ({label})",
+                    bool(torch.as_tensor(single)) == bool(expected[-1, 0]),
+                    expected=bool(expected[-1, 0]), actual=bool(torch.as_tensor(single)),
+                    hint="the rule must give the same answer for one pair as for a grid")
+        try:
+            flex_mask = _block_mask_dense(rule, num_tokens)  # (T, T)
+        except Exception as error:  # noqa: BLE001 - the learner's rule becomes feedback
+            _rule_failure(f"in FlexAttention's create_block_mask ({label})", error)
+        traced = traced and flex_mask is not None
+        expect_true(f"create_block_mask builds the same mask ({label})",
+                    flex_mask is None or torch.equal(flex_mask, expected),
+                    expected="the same mask",
+                    actual="another mask",
+                    hint="write the rule so that its indices broadcast, whatever their shapes")
+    passed("the sinks and the window, composed with |, as one rule that FlexAttention's "
+           "block mask can skip tiles with; what the rule blocks is what the cache has "
+           "forgotten." + ("" if traced else " (create_block_mask was not run: your rule lives "
+                                             "in another process here, which vmap cannot "
+                                             "trace.)"))
