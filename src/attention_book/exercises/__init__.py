@@ -26,4 +26,5 @@ from .ch14 import *  # noqa: F403
 from .ch15 import *  # noqa: F403
 from .ch16 import *  # noqa: F403
 from .ch17 import *  # noqa: F403
+from .ch19 import *  # noqa: F403
 from .feedback import ExerciseFailure as ExerciseFailure
