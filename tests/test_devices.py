@@ -264,6 +264,29 @@ def test_checkers_accept_answers_that_come_back_on_another_device(device):
     assert check_row_normalise(lambda x: (x / x.sum(dim=-1, keepdim=True)).to(device))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paged_serving_runs_where_the_model_lives(device, dtype):
+    torch.manual_seed(0)
+    model = ab.TinyGPT(16, 16, 2, 2, 16, rope=True, device=device, dtype=dtype).eval()
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]], device=device)
+    cache = ab.PagedKVCache(8, 2, 2, 8, num_layers=2, device=device, dtype=dtype)
+    for seq_id, length in ((0, 2), (1, 5)):
+        cache.add_sequence(seq_id)
+        ab.paged_forward(model, cache, [seq_id], tokens[seq_id:seq_id + 1, :length])
+    next_tokens = torch.stack([tokens[0, 2:3], tokens[1, 5:6]])  # (B, 1): each row's next token
+    logits = ab.paged_forward(model, cache, [0, 1], next_tokens)  # (B, 1, vocab_size)
+    _same_place(logits, device, dtype)
+    _same_place(cache.key_blocks, device, dtype)
+    if dtype != torch.bfloat16:  # two layers of bfloat16 rounding exceed its tolerance
+        with torch.no_grad():
+            full = model(tokens)  # (B, T, vocab_size)
+        _close(logits[:, 0], torch.stack([full[0, 2], full[1, 5]]), dtype)
+    outputs = ab.generate_batch(model, list(tokens[:, :3]), 3, block_size=2)
+    assert all(output.device.type == device.type for output in outputs)
+    if dtype == torch.float64:  # no near-tie can flip an argmax in float64
+        assert torch.equal(torch.stack(outputs), model.generate(tokens[:, :3], 3))
+
+
 # --------------------------------------------------------------------------- forgotten devices
 
 
@@ -534,3 +557,37 @@ def test_sparse_attention_stays_on_the_inputs_device(device, dtype):
     expected = ab.topk_attention(query.double().cpu(), key.double().cpu(), key.double().cpu(),
                                  scores.double().cpu(), 3)
     _close(output, expected, dtype)
+
+
+def test_no_factory_in_serving_forgets_the_device(default_device_meta):
+    """The paged cache, paged attention, the views, paged_forward and the batcher (issue 35)."""
+    cpu = torch.device("cpu")
+    cache = ab.PagedKVCache(6, 2, 2, 4, num_layers=2, device=cpu)
+    keys = torch.ones(2, 3, 4, device=cpu)  # (num_kv_heads, T, head_dim)
+    for seq_id, size in (("a", 3), ("b", 1)):
+        cache.add_sequence(seq_id)
+        for layer in range(2):
+            cache.append(seq_id, keys[:, :size], keys[:, :size], layer=layer)
+    cache.fork("a", "c")
+    cache.append("c", keys[:, :1], keys[:, :1])  # copy-on-write of the shared half block
+    _same_place(cache.gather("c")[0], cpu, torch.float32)
+    queries = torch.ones(2, 4, 1, 4, device=cpu)  # (B, num_heads, T_new, head_dim)
+    _same_place(ab.paged_attention(queries, cache, ["a", "b"]), cpu, torch.float32)
+    views = cache.batch_views(["a", "b"], 1)
+    _same_place(views[0].positions(1, cpu), cpu, torch.int64)
+    all_keys, _ = views[0].update(queries[:, :2], queries[:, :2])
+    _same_place(all_keys, cpu, torch.float32)
+    _same_place(views[0].key_positions(cpu), cpu, torch.int64)
+    torch.manual_seed(0)
+    model = ab.TinyGPT(16, 16, 2, 2, 16, rope=True, device=cpu).eval()
+    pool = ab.PagedKVCache(8, 4, 2, 8, num_layers=2, device=cpu)
+    pool.add_sequence(0)
+    _same_place(ab.paged_forward(model, pool, [0], torch.tensor([[1, 2, 3]], device=cpu)),
+                cpu, torch.float32)
+    prompts = [torch.tensor([1, 2, 3], device=cpu), torch.tensor([4], device=cpu)]
+    outputs = ab.generate_batch(model, prompts, 3, block_size=2)
+    assert all(output.device == cpu for output in outputs)
+    batcher = ab.ContinuousBatcher(model, block_size=2, num_blocks=4)
+    batcher.submit(prompts[0], 2)
+    batcher.run()
+    assert batcher.output(0).device == cpu and batcher.cache.device == cpu

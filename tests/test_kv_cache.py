@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attention_book import GroupedQueryAttention, MultiHeadAttention, causal_mask, padding_mask
-from attention_book.kv_cache import KVCache, kv_cache_bytes
+from attention_book.kv_cache import (
+    EMPTY_POSITION,
+    AttentionCache,
+    KVCache,
+    LayerCache,
+    kv_cache_bytes,
+    position_mask,
+)
 
 
 def _layer(kind: str, backend: str, context_length: int | None = 12, causal: bool = True):
@@ -176,7 +183,7 @@ def test_cache_beyond_context_length_is_a_clear_error(backend):
 
 def test_cache_of_the_wrong_type_is_a_clear_error():
     layer = _layer("mha", "naive")
-    with pytest.raises(TypeError, match="kv_cache must be a KVCache"):
+    with pytest.raises(TypeError, match="kv_cache must follow the attention cache protocol.*got dict"):
         layer(torch.randn(1, 2, 8), kv_cache={})
 
 
@@ -208,3 +215,92 @@ def test_any_chunking_equals_the_full_pass(chunks, batch, kind, backend, seed):
     decoded, cache = _decode(layer, x, chunks)
     assert len(cache) == sum(chunks)
     torch.testing.assert_close(decoded, full, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- the cache protocol
+
+
+def test_kv_cache_follows_the_protocol_and_its_positions_continue():
+    cache = KVCache(8)
+    assert isinstance(cache, AttentionCache) and isinstance(cache, LayerCache)
+    assert not isinstance({}, LayerCache)
+    assert torch.equal(cache.positions(3, "cpu"), torch.tensor([0, 1, 2]))
+    cache.update(torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 3, 4))  # (B, H, T, d)
+    assert torch.equal(cache.positions(2, "cpu"), torch.tensor([3, 4]))  # read before the update
+    assert torch.equal(cache.key_positions("cpu"), torch.arange(3))
+    with pytest.raises(ValueError, match="num_new must be an int >= 0, got -1"):
+        cache.positions(-1, "cpu")
+
+
+def test_position_mask_is_the_bottom_right_causal_mask_and_hides_empty_slots():
+    # A contiguous cache: 3 new queries at positions 5, 6, 7 against keys 0 ... 7.
+    mask = position_mask(torch.arange(5, 8), torch.arange(8))  # (T_new, T_k)
+    assert torch.equal(mask, causal_mask(3, 8))
+    # Two rows of different lengths: 2 tokens and 4, one new query each, padded to 4 keys.
+    queries = torch.tensor([[1], [3]])  # (B, T_new)
+    keys = torch.tensor([[0, 1, EMPTY_POSITION, EMPTY_POSITION], [0, 1, 2, 3]])  # (B, T_k)
+    assert position_mask(queries, keys).tolist() == [[[True, True, False, False]],
+                                                      [[True, True, True, True]]]
+    # Without causality only the empty slots are hidden.
+    assert position_mask(torch.tensor([[0], [0]]), keys, causal=False).tolist() == [
+        [[True, True, False, False]], [[True, True, True, True]]]
+    with pytest.raises(TypeError, match="integer positions"):
+        position_mask(torch.zeros(2), torch.arange(2))
+
+
+class _LeftPaddedCache:
+    """Rows of different lengths in one buffer, each right-aligned: the padding comes first.
+
+    An implementation of the protocol that is neither a KVCache nor a paged view (a batch
+    padded on the left, as Hugging Face pads batched prompts), to show that a layer needs
+    nothing but the protocol. The padding lies *before* every query's position, so only its
+    ``EMPTY_POSITION`` hides it; it holds large finite numbers (the protocol asks for finite
+    ones), so a layer that attended to it would be far off.
+    """
+
+    def __init__(self, lengths: list[int], keys: torch.Tensor, values: torch.Tensor):
+        self.lengths = list(lengths)
+        self.keys, self.values = keys, values  # (B, H, max(lengths), d), rows right-aligned
+
+    def __len__(self) -> int:
+        return max(self.lengths)
+
+    def positions(self, num_new, device):
+        return torch.tensor(self.lengths, device=device)[:, None] + torch.arange(num_new, device=device)
+
+    def update(self, keys, values=None):
+        self.keys = torch.cat([self.keys, keys], dim=-2)  # (B, H, T_k, d)
+        self.values = torch.cat([self.values, values], dim=-2)  # (B, H, T_k, d)
+        self.lengths = [length + keys.size(-2) for length in self.lengths]
+        return self.keys, self.values
+
+    def key_positions(self, device):
+        width = self.keys.size(-2)
+        slot = torch.arange(width, device=device)  # (T_k,)
+        padding = torch.tensor([width - length for length in self.lengths], device=device)[:, None]
+        return torch.where(slot >= padding, slot - padding, EMPTY_POSITION)  # (B, T_k)
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_a_layer_decodes_rows_of_different_lengths_through_the_protocol_alone(rope):
+    """Any protocol cache: per-row positions for RoPE and the mask; the padding is hidden."""
+    torch.manual_seed(0)
+    layer = GroupedQueryAttention(8, 8, 4, 2, context_length=10, rope=rope).double().eval()
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    lengths = [3, 5]
+    with torch.no_grad():
+        full = [layer(x[row:row + 1, :lengths[row] + 2]) for row in range(2)]  # each (1, L + 2, d)
+        # Fill the cache with each row's first L tokens, by decoding them alone.
+        keys, values = [], []
+        for row, length in enumerate(lengths):
+            own = KVCache(10)
+            layer(x[row:row + 1, :length], kv_cache=own)
+            pad = max(lengths) - length
+            keys.append(torch.nn.functional.pad(own.keys[0, :, :length], (0, 0, pad, 0), value=1e3))
+            values.append(torch.nn.functional.pad(own.values[0, :, :length], (0, 0, pad, 0),
+                                                  value=1e3))
+        cache = _LeftPaddedCache(lengths, torch.stack(keys), torch.stack(values))
+        new = torch.stack([x[row, length:length + 2] for row, length in enumerate(lengths)])
+        out = layer(new, kv_cache=cache)  # (B, 2, d): each row's next 2 tokens
+    for row, length in enumerate(lengths):
+        torch.testing.assert_close(out[row], full[row][0, length:length + 2])

@@ -156,7 +156,7 @@ def test_bad_calls_are_refused():
         fused(x, return_weights=True)
     with pytest.raises(TypeError, match="absorb must be a bool"):
         layer(x, absorb=1)
-    with pytest.raises(TypeError, match="kv_cache must be a KVCache"):
+    with pytest.raises(TypeError, match="kv_cache must follow the attention cache protocol"):
         layer(x, kv_cache={})
     cache = KVCache(8)
     layer(x, kv_cache=cache)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_variants import VARIANTS, CausalMean, RunningSum, variant
 
 import attention_book as ab
 from attention_book.model import TinyGPT, TransformerBlock, gpt_parameter_count
@@ -250,3 +251,61 @@ def test_dropout_is_used_in_training_only():
     assert not torch.allclose(model(tokens), first)
     model.eval()
     torch.testing.assert_close(model(tokens), model(tokens))
+
+
+# --------------------------------------------------------------------------- mixers and caches
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_variant_decodes_with_its_caches_like_the_full_forward(name):
+    model = variant(name)
+    tokens = _tokens(3, 9)
+    with torch.no_grad():
+        full = model(tokens)  # (B, T, vocab_size)
+        caches = model.new_caches()
+        steps = [model(tokens[:, :4], kv_caches=caches)]  # the prompt, then one token at a time
+        steps += [model(tokens[:, t:t + 1], kv_caches=caches) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+    assert [len(cache) for cache in caches] == [9, 9]
+    prompt = tokens[:, :3]
+    assert torch.equal(model.generate(prompt, 7), model.generate(prompt, 7, use_cache=False))
+
+
+def test_a_block_holds_any_mixer_under_the_chapters_names():
+    torch.manual_seed(0)
+    mixer = CausalMean(16)
+    block = TransformerBlock(16, 4, context_length=8, mixer=mixer, dtype=torch.float64).eval()
+    assert block.attention is mixer and block.mixer is mixer
+    assert isinstance(block.new_cache(8), RunningSum)
+    assert isinstance(TransformerBlock(16, 4, 8).new_cache(8), ab.KVCache)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        after_mixer = x + mixer(block.attention_norm(x))  # (B, T, d_model)
+        expected = after_mixer + block.mlp(block.mlp_norm(after_mixer))
+        out, weights = block(x, return_weights=True)
+    torch.testing.assert_close(out, expected)
+    assert weights is None
+    model = variant("hybrid")
+    assert isinstance(model.blocks[0].attention, CausalMean)
+    assert isinstance(model.blocks[1].attention, ab.MultiHeadAttention)
+    assert "blocks.0.attention.W_value.weight" in model.state_dict()
+    assert "blocks.1.attention.W_query.weight" in model.state_dict()
+
+
+def test_mixers_and_caches_are_checked():
+    with pytest.raises(ValueError, match="mixers names 1 mixers for num_layers=2"):
+        TinyGPT(11, 16, 4, 2, 12, mixers=[None])
+    with pytest.raises(TypeError, match="mixers must be a list"):
+        TinyGPT(11, 16, 4, 2, 12, mixers=CausalMean(16))
+    with pytest.raises(TypeError, match="mixer must be an nn.Module.*got str"):
+        TransformerBlock(16, 4, 8, mixer="linear")
+    model = _model()
+    with pytest.raises(ValueError, match="kv_caches holds 1 caches for 2 layers"):
+        model(_tokens(1, 2), kv_caches=[ab.KVCache(12)])
+    with pytest.raises(TypeError, match=r"kv_caches\[0\] must be a cache"):
+        model(_tokens(1, 2), kv_caches=[object(), object()])
+    caches = model.new_caches()
+    with torch.no_grad():
+        model(_tokens(1, 10), kv_caches=caches)
+    with pytest.raises(ValueError, match="sequence length T=13 exceeds context_length=12"):
+        model(_tokens(1, 3), kv_caches=caches)

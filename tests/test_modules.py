@@ -193,3 +193,32 @@ def test_bad_input_errors_name_the_sizes():
         ab.CausalSelfAttention(4, 4, context_length=3)(torch.randn(4, 4))
     with pytest.raises(ValueError, match="does not return attention weights"):
         ab.MultiHeadAttention(4, 4, 2, backend="sdpa")(torch.randn(2, 4), return_weights=True)
+
+
+def test_fused_attention_adds_the_sink_and_the_groups_the_kernel_has_no_argument_for():
+    from torch.nn.attention.bias import causal_lower_right
+
+    from attention_book.fused import fused_attention
+
+    generator = torch.Generator().manual_seed(0)
+    queries = torch.randn(2, 4, 3, 8, generator=generator, dtype=torch.float64)  # 4 query heads
+    keys = torch.randn(2, 2, 5, 8, generator=generator, dtype=torch.float64)  # 2 key/value heads
+    values = torch.randn(2, 2, 5, 8, generator=generator, dtype=torch.float64)
+    sink = torch.tensor([0.5, -1.0, 0.0, 2.0], dtype=torch.float64)[:, None]  # (H, 1): per head
+    wide_keys, wide_values = keys.repeat_interleave(2, dim=1), values.repeat_interleave(2, dim=1)
+    mask = ab.causal_mask(3, 5)  # (T, T_k), bottom-right
+    expected, _ = ab.scaled_dot_product_attention(queries, wide_keys, wide_values, mask,
+                                               sink_logit=sink[:, 0])
+    torch.testing.assert_close(fused_attention(queries, keys, values, mask, sink_logit=sink[:, 0]),
+                               expected)
+    plain, _ = ab.scaled_dot_product_attention(queries, wide_keys, wide_values, mask)
+    torch.testing.assert_close(fused_attention(queries, keys, values, causal_lower_right(3, 5)),
+                               plain)
+    square = queries[..., :3, :], keys[..., :3, :], values[..., :3, :]
+    causal, _ = ab.scaled_dot_product_attention(square[0], square[1].repeat_interleave(2, dim=1),
+                                             square[2].repeat_interleave(2, dim=1),
+                                             ab.causal_mask(3), sink_logit=sink[:, 0])
+    torch.testing.assert_close(fused_attention(*square, is_causal=True, sink_logit=sink[:, 0]),
+                               causal)
+    with pytest.raises(TypeError, match="a sink needs a boolean attn_mask"):
+        fused_attention(queries, keys, values, causal_lower_right(3, 5), sink_logit=0.5)

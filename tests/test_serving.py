@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_variants import variant
 
 import attention_book as ab
 from attention_book import causal_mask, scaled_dot_product_attention
@@ -436,3 +437,135 @@ def test_requests_arrive_and_finish_at_different_times():
     assert max(len(record.decoded) for record in batcher.history) <= 3
     finish = {i: r.step for r in batcher.history for i in r.finished}
     assert finish[1] < finish[0] < finish[3]
+
+
+# --------------------------------------------------------------------------- the cache protocol
+
+
+PAGED_VARIANTS = ["learned positions", "rope", "gqa", "latent", "sink"]
+
+
+def _paged_cache_for(model: TinyGPT, num_blocks: int = 24, block_size: int = 3) -> PagedKVCache:
+    attention = model.blocks[0].attention
+    if isinstance(attention, ab.MultiHeadLatentAttention):  # one latent per token, no value
+        return PagedKVCache(num_blocks, block_size, 1, attention.latent_dim,
+                            num_layers=len(model.blocks), dtype=torch.float64, store_values=False)
+    return PagedKVCache(num_blocks, block_size, attention.num_kv_heads, attention.head_dim,
+                        num_layers=len(model.blocks), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", PAGED_VARIANTS)
+def test_paged_views_of_a_ragged_batch_give_the_full_forward_logits(name):
+    """Sequences of 2, 7 and 4 tokens decode together; each row equals its own full pass."""
+    model = variant(name)
+    lengths = [2, 7, 4]
+    tokens = _prompts([length + 3 for length in lengths], vocab_size=11, seed=5)
+    cache = _paged_cache_for(model)
+    for seq_id, (sequence, length) in enumerate(zip(tokens, lengths, strict=True)):
+        cache.add_sequence(seq_id)
+        paged_forward(model, cache, [seq_id], sequence[None, :length])  # each prompt alone
+    steps = []
+    for step in range(3):  # then one token of every sequence per batched forward pass
+        idx = torch.stack([sequence[length + step] for sequence, length in
+                           zip(tokens, lengths, strict=True)])[:, None]  # (B, 1)
+        steps.append(paged_forward(model, cache, [0, 1, 2], idx))  # (B, 1, vocab_size)
+    decoded = torch.cat(steps, dim=1)  # (B, 3, vocab_size)
+    with torch.no_grad():
+        for row, (sequence, length) in enumerate(zip(tokens, lengths, strict=True)):
+            full = model(sequence[None])  # (1, length + 3, vocab_size)
+            torch.testing.assert_close(decoded[row], full[0, length:])
+    assert [cache.length(seq_id, layer) for seq_id in range(3) for layer in range(2)] == [
+        5, 5, 10, 10, 7, 7]
+
+
+def test_the_views_of_a_step_share_one_reservation_and_follow_the_protocol():
+    from attention_book.kv_cache import EMPTY_POSITION, AttentionCache
+
+    cache = PagedKVCache(6, 2, 1, 2, num_layers=2)
+    for seq_id, size in (("a", 3), ("b", 1)):
+        cache.add_sequence(seq_id)
+        for layer in range(2):
+            cache.append(seq_id, *_kv(1, size, 2, layer), layer=layer)
+    views = cache.batch_views(["a", "b"], 2)
+    assert len(views) == 2 and all(isinstance(view, AttentionCache) for view in views)
+    # Every block of the step is taken before any layer writes: a: 3 + 2 tokens need 3 blocks.
+    assert [len(cache.block_table(s)) for s in ("a", "b")] == [3, 2] and cache.blocks_in_use == 5
+    assert len(views[0]) == 3 and views[0].positions(2, "cpu").tolist() == [[3, 4], [1, 2]]
+    keys, values = _kv(1, 4, 2, 7)
+    new_keys, new_values = keys.reshape(2, 1, 2, 2), values.reshape(2, 1, 2, 2)  # (B, H, T_new, d)
+    all_keys, _ = views[0].update(new_keys, new_values)  # (B, H_kv, T_k, head_dim)
+    assert all_keys.shape == (2, 1, 5, 2) and len(views[0]) == 5 and len(views[1]) == 3
+    torch.testing.assert_close(all_keys[1, :, :3], cache.gather("b", 0)[0])
+    assert views[0].key_positions("cpu").tolist() == [
+        [0, 1, 2, 3, 4], [0, 1, 2, EMPTY_POSITION, EMPTY_POSITION]]
+    with pytest.raises(ValueError, match="already updated in this step"):
+        views[0].update(new_keys, new_values)
+    with pytest.raises(ValueError, match="reserved for 2 new token"):
+        views[1].positions(1, "cpu")
+    with pytest.raises(ValueError, match=r"B=2 and T_new=2, got \(2, 1, 1, 2\)"):
+        views[1].update(new_keys[:, :, :1], new_values[:, :, :1])
+    with pytest.raises(ValueError, match="holds \\[5, 3\\] tokens in its layers"):
+        cache.batch_views(["a"], 1)
+    with pytest.raises(ValueError, match="each sequence once"):
+        cache.batch_views(["b", "b"], 1)
+
+
+@pytest.mark.parametrize("name", PAGED_VARIANTS)
+def test_paged_generation_equals_model_generate_for_every_variant(name):
+    model = variant(name)
+    prompts = _prompts([5, 1, 3], vocab_size=11, seed=6)
+    counts = [4, 6, 0]
+    outputs = generate_batch(model, prompts, counts, block_size=2)
+    for prompt, count, output in zip(prompts, counts, outputs, strict=True):
+        assert torch.equal(output, model.generate(prompt[None], count)[0])
+
+
+def test_a_mixer_without_keys_and_values_is_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match="block 0's mixer is a CausalMean; a PagedKVCache pages"):
+        generate_batch(variant("hybrid"), [torch.tensor([1, 2])], 2)
+
+
+def test_serving_has_no_layer_code_of_its_own():
+    """paged_forward runs the model's own forward: serving.py touches no projection, norm or MLP."""
+    import ast
+    import inspect
+
+    from attention_book import serving
+
+    tree = ast.parse(inspect.getsource(serving))
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    used |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    layer_code = {"W_query", "W_key", "W_value", "W_down_kv", "out_proj", "attention_norm",
+                  "mlp", "mlp_norm", "final_norm", "token_embedding", "position_embedding",
+                  "embedding_dropout", "attention_dropout", "rotary_embedding", "layer_norm",
+                  "LayerNorm", "Linear", "gelu", "GELU", "linear", "_forward"}
+    assert used & layer_code == set()
+    # What serving reads of a model: its sizes, its mode and its blocks' attention settings.
+    read_on_model = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                     and isinstance(node.value, ast.Name) and node.value.id == "model"}
+    assert read_on_model <= {"training", "blocks", "vocab_size", "context_length", "parameters"}
+
+
+def test_a_pool_of_keys_only_holds_latents_and_refuses_values():
+    cache = PagedKVCache(4, 2, 1, 6, store_values=False)
+    assert cache.value_blocks is None and not cache.store_values
+    assert cache.block_nbytes == 2 * 6 * 4  # keys alone: half the bytes of a block
+    cache.add_sequence("a")
+    latents = torch.randn(1, 3, 6)  # (1, T, latent_dim)
+    cache.append("a", latents, None)
+    keys, values = cache.gather("a")
+    assert torch.equal(keys, latents) and values is None
+    with pytest.raises(ValueError, match=r"stores keys only \(store_values=False\): pass values=None"):
+        cache.append("a", latents, latents)
+    with pytest.raises(ValueError, match="stores keys only"):
+        paged_attention(torch.zeros(1, 1, 1, 6), cache, ["a"])
+    both = PagedKVCache(4, 2, 1, 6)
+    both.add_sequence("a")
+    with pytest.raises(ValueError, match="stores keys and values: pass both"):
+        both.append("a", latents, None)
+    with pytest.raises(TypeError, match="store_values must be a bool"):
+        PagedKVCache(4, 2, 1, 6, store_values=0)
+    model = variant("latent")
+    with pytest.raises(ValueError, match="need a cache with store_values=False"):
+        paged_forward(model, PagedKVCache(4, 2, 1, 6, num_layers=2, dtype=torch.float64),
+                      [], torch.zeros(0, 1, dtype=torch.long))

@@ -15,7 +15,8 @@ DeepSeek's decoupled RoPE (a few extra rotated query and key features, the key p
 shared by the heads and cached beside the latent) is explained in chapter 14 and
 not built here: this layer has no positions of its own.
 
-This module imports the functional core, the cache and the layers' helpers.
+This module imports the functional core, the cache protocol, the head layout and the fused
+backend.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from .attention import (
     scaled_dot_product_attention,
 )
 from .checks import check_dropout, check_layer_input, check_mask, check_positive_int
-from .kv_cache import KVCache
-from .modules import _check_cache, _fused_with_sink, _split_heads
+from .fused import fused_attention
+from .kv_cache import AttentionCache, check_cache, position_mask
+from .layout import merge_heads, split_heads
 
 __all__ = ["MultiHeadLatentAttention"]
 
@@ -126,14 +128,14 @@ class MultiHeadLatentAttention(nn.Module):
         """An up-projection's weight, one ``(head_dim, latent_dim)`` block per head."""
         return linear.weight.view(self.num_heads, self.head_dim, self.latent_dim)  # (H, hd, latent)
 
-    def _allowed(self, mask, num_tokens: int, num_keys: int, device) -> torch.Tensor | None:
+    def _allowed(self, mask, num_tokens: int, device) -> torch.Tensor | None:
+        """The mask without a cache: the causal triangle (if causal) and ``mask``."""
         if not self.causal:
             return mask
-        if num_tokens == num_keys and hasattr(self, "mask"):
+        if hasattr(self, "mask"):
             causal = self.mask[:num_tokens, :num_tokens]  # (T, T)
         else:
-            # With a cache the new queries are the last positions: bottom-right alignment.
-            causal = causal_mask(num_tokens, num_keys, device=device)  # (T, T_k)
+            causal = causal_mask(num_tokens, device=device)  # (T, T)
         return causal if mask is None else causal & mask
 
     def _attend(self, queries, keys, values, allowed, dropout_p, scale):
@@ -142,13 +144,8 @@ class MultiHeadLatentAttention(nn.Module):
             return scaled_dot_product_attention(
                 queries, keys, values, allowed, dropout_p=dropout_p, scale=scale,
                 sink_logit=self.sink_logit)
-        if self.sink_logit is not None:
-            return _fused_with_sink(queries, keys, values, allowed, self.sink_logit, dropout_p,
-                                    scale), None
-        return torch.nn.functional.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=allowed, dropout_p=dropout_p, scale=scale,
-            enable_gqa=keys.size(-3) != queries.size(-3),
-        ), None
+        return fused_attention(queries, keys, values, allowed, dropout_p=dropout_p, scale=scale,
+                               sink_logit=self.sink_logit), None
 
     def forward(
         self,
@@ -156,7 +153,7 @@ class MultiHeadLatentAttention(nn.Module):
         mask: torch.Tensor | None = None,
         return_weights: bool = False,
         *,
-        kv_cache: KVCache | None = None,
+        kv_cache: AttentionCache | None = None,
         absorb: bool = False,
     ):
         """Attend from ``x``; with ``kv_cache``, decode; ``absorb`` picks the form of the computation.
@@ -174,7 +171,7 @@ class MultiHeadLatentAttention(nn.Module):
             raise TypeError(f"absorb must be a bool, got {type(absorb).__name__}")
         num_keys = num_tokens
         if kv_cache is not None:
-            num_keys = _check_cache(kv_cache, num_tokens, self.context_length)
+            num_keys = check_cache(kv_cache, num_tokens, self.context_length)
         if return_weights and self.backend == "sdpa":
             raise ValueError(
                 "backend='sdpa' does not return attention weights; build the layer with "
@@ -185,12 +182,20 @@ class MultiHeadLatentAttention(nn.Module):
             check_mask(mask, torch.Size((*lead, self.num_heads, num_tokens, num_keys)))
 
         # (..., num_heads, T, head_dim)
-        queries = _split_heads(self.W_query(x), self.num_heads, self.head_dim)
+        queries = split_heads(self.W_query(x), self.num_heads, self.head_dim)
         latent = self.W_down_kv(x).unsqueeze(-3)  # (..., 1, T, latent_dim): shared by the heads
         if kv_cache is not None:
+            query_positions = kv_cache.positions(num_tokens, x.device)  # (T,) or (B, T)
             # The cache keeps the latent alone: latent_dim numbers per token, not 2 * d_out.
             latent, _ = kv_cache.update(latent)  # (..., 1, T_k, latent_dim)
-        allowed = self._allowed(mask, num_tokens, num_keys, x.device)
+            # Bottom-right causal by positions, as in MultiHeadAttention; empty slots hidden.
+            allowed = position_mask(query_positions, kv_cache.key_positions(x.device),
+                                    causal=self.causal)  # (T, T_k) or (B, T, T_k)
+            if allowed.dim() > 2:
+                allowed = allowed.unsqueeze(-3)  # (B, 1, T, T_k): the same for every head
+            allowed = allowed if mask is None else allowed & mask
+        else:
+            allowed = self._allowed(mask, num_tokens, x.device)  # (T, T) or mask's shape
         dropout_p = self.dropout_p if self.training else 0.0
         scale = 1.0 / math.sqrt(self.head_dim)  # the heads' keys have head_dim features
 
@@ -205,13 +210,12 @@ class MultiHeadLatentAttention(nn.Module):
         else:
             latent = latent.squeeze(-3)  # (..., T_k, latent_dim)
             # (..., num_heads, T_k, head_dim)
-            keys = _split_heads(self.W_key(latent), self.num_heads, self.head_dim)
+            keys = split_heads(self.W_key(latent), self.num_heads, self.head_dim)
             # (..., num_heads, T_k, head_dim)
-            values = _split_heads(self.W_value(latent), self.num_heads, self.head_dim)
+            values = split_heads(self.W_value(latent), self.num_heads, self.head_dim)
             context_vec, attn_weights = self._attend(
                 queries, keys, values, allowed, dropout_p, scale)  # (..., num_heads, T, head_dim)
 
-        context_vec = context_vec.transpose(-3, -2)  # (..., T, num_heads, head_dim)
-        context_vec = context_vec.reshape(*lead, num_tokens, self.d_out)  # (..., T, d_out)
+        context_vec = merge_heads(context_vec)  # (..., T, d_out)
         output = self.out_proj(context_vec)  # (..., T, d_out)
         return (output, attn_weights) if return_weights else output

@@ -9,19 +9,64 @@ vector at all and chapter 12's rotary embedding inside every attention layer) an
 LayerNorm and output layer, and generates greedily, with or without chapter 10's
 :class:`~attention_book.kv_cache.KVCache`.
 
-This module imports the layers and the cache; nothing else of the package.
+The attention of a block is one kind of *token mixer*, the part of a block that moves
+information between tokens. A block can hold another (:class:`TokenMixer`: grouped-query or
+latent attention, or a layer that is no attention at all, such as linear attention), and a
+:class:`TinyGPT` can choose one per layer (``mixers=``). The model decodes with one cache per
+layer, of whatever kind that layer's mixer asks for, and never looks inside it: it reads the
+new tokens' positions from the first layer's cache
+(:class:`~attention_book.kv_cache.LayerCache`) and hands every layer its own.
+
+This module imports the layers and the caches; nothing else of the package.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from .checks import check_dropout, check_positive_int
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LayerCache
 from .modules import MultiHeadAttention
 
-__all__ = ["TransformerBlock", "TinyGPT", "gpt_parameter_count"]
+__all__ = ["TokenMixer", "TransformerBlock", "TinyGPT", "gpt_parameter_count"]
+
+
+@runtime_checkable
+class TokenMixer(Protocol):
+    """What a :class:`TransformerBlock` asks of the layer that mixes information across tokens.
+
+    Every attention layer of the package is one (:class:`~attention_book.MultiHeadAttention`,
+    :class:`~attention_book.GroupedQueryAttention`,
+    :class:`~attention_book.MultiHeadLatentAttention`), and so is any ``nn.Module`` with:
+
+    * ``forward(x, mask=None, return_weights=False, *, kv_cache=None)``: ``x`` is
+      ``(B, T, d_model)``, the output has the same shape; with ``return_weights=True`` it
+      returns ``(output, weights)``, where ``weights`` may be ``None`` for a mixer that has
+      no attention weights. With a cache, ``x`` holds only the new tokens and the mixer
+      reads and updates the cache: it must continue exactly where the cache left off, so
+      that decoding equals the full forward pass.
+    * optionally ``new_cache(max_length)``: an empty cache of the kind the mixer reads (a
+      :class:`~attention_book.kv_cache.LayerCache`, for example a recurrent state of fixed
+      size). Without it the block gives the mixer a :class:`~attention_book.KVCache`.
+
+    Args:
+        (none: a protocol is implemented by a class, not built)
+
+    Shapes:
+        x ``(B, T, d_model)`` -> ``(B, T, d_model)``; weights ``(B, num_heads, T, T_k)`` or None.
+
+    Returns:
+        (a protocol) ``isinstance(module, TokenMixer)`` checks that ``forward`` exists.
+
+    Taught in chapter 15.
+    """
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                return_weights: bool = False, *, kv_cache: LayerCache | None = None): ...
 
 
 class TransformerBlock(nn.Module):
@@ -45,6 +90,10 @@ class TransformerBlock(nn.Module):
         rope_base: the ``base`` of the rotary frequencies.
         device: where to create the parameters.
         dtype: the parameters' floating dtype.
+        mixer: the layer that mixes the tokens (a :class:`TokenMixer`) in place of the
+            causal multi-head attention the block would build; it keeps the name
+            ``block.attention`` (also ``block.mixer``), and ``num_heads``, ``qkv_bias``,
+            ``rope`` and ``rope_base`` are then its own business.
 
     Shapes:
         x ``(B, T, d_model)`` with ``T <= context_length`` -> ``(B, T, d_model)``;
@@ -52,7 +101,8 @@ class TransformerBlock(nn.Module):
 
     Returns:
         ``forward(x, mask=None, return_weights=False, *, kv_cache=None)`` returns the new
-        residual stream, or ``(stream, attention weights)`` with ``return_weights=True``.
+        residual stream, or ``(stream, attention weights)`` with ``return_weights=True``;
+        ``new_cache(max_length)`` an empty cache of the kind its mixer reads.
 
     Taught in chapter 15.
     """
@@ -71,6 +121,7 @@ class TransformerBlock(nn.Module):
         rope_base: float = 10000.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        mixer: nn.Module | None = None,
     ):
         super().__init__()
         check_positive_int("d_model", d_model)
@@ -80,10 +131,16 @@ class TransformerBlock(nn.Module):
         self.d_model = d_model
         self.attention_only = attention_only
         self.attention_norm = nn.LayerNorm(d_model, **factory)
-        self.attention = MultiHeadAttention(
-            d_model, d_model, num_heads, context_length=context_length, dropout=dropout,
-            qkv_bias=qkv_bias, causal=True, rope=rope, rope_base=rope_base, **factory,
-        )
+        if mixer is None:
+            mixer = MultiHeadAttention(
+                d_model, d_model, num_heads, context_length=context_length, dropout=dropout,
+                qkv_bias=qkv_bias, causal=True, rope=rope, rope_base=rope_base, **factory,
+            )
+        elif not isinstance(mixer, nn.Module):
+            raise TypeError(f"mixer must be an nn.Module with forward(x, mask, return_weights, "
+                            f"*, kv_cache) (a TokenMixer), got {type(mixer).__name__}")
+        # The chapters call the mixer block.attention; block.mixer names the same layer.
+        self.attention = mixer
         self.attention_dropout = nn.Dropout(dropout)
         if not attention_only:
             hidden = mlp_ratio * d_model
@@ -95,17 +152,37 @@ class TransformerBlock(nn.Module):
                 nn.Dropout(dropout),
             )
 
+    @property
+    def mixer(self) -> nn.Module:
+        """The layer that mixes the tokens: ``block.attention`` under its general name."""
+        return self.attention
+
+    def new_cache(self, max_length: int) -> LayerCache:
+        """An empty cache for this block's mixer: its own kind, or a :class:`KVCache`.
+
+        Args:
+            max_length: the most tokens the cache must hold.
+
+        Shapes:
+            (no tensors)
+
+        Returns:
+            ``mixer.new_cache(max_length)`` when the mixer defines it, else ``KVCache(max_length)``.
+        """
+        make = getattr(self.attention, "new_cache", None)
+        return KVCache(max_length) if make is None else make(max_length)
+
     def forward(
         self,
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         return_weights: bool = False,
         *,
-        kv_cache: KVCache | None = None,
+        kv_cache: LayerCache | None = None,
     ):
         attn_out, attn_weights = self.attention(
             self.attention_norm(x), mask, return_weights=True, kv_cache=kv_cache
-        )  # (B, T, d_model), (B, num_heads, T, T_k)
+        )  # (B, T, d_model), (B, num_heads, T, T_k) or None
         x = x + self.attention_dropout(attn_out)  # (B, T, d_model)
         if not self.attention_only:
             x = x + self.mlp(self.mlp_norm(x))  # (B, T, d_model)
@@ -136,6 +213,11 @@ class TinyGPT(nn.Module):
         rope_base: the ``base`` of the rotary frequencies.
         device: where to create the parameters.
         dtype: the parameters' floating dtype.
+        mixers: one entry per layer: a :class:`TokenMixer` that block ``i`` holds in place
+            of its multi-head attention (grouped-query or latent attention, linear
+            attention, …), or ``None`` for the default attention. You build them, on the
+            device and dtype you want; with ``rope=True`` the model has no position
+            embedding, so each mixer must handle positions itself.
 
     Shapes:
         idx ``(B, T)`` integer token ids, ``T <= context_length`` -> logits
@@ -143,8 +225,10 @@ class TinyGPT(nn.Module):
 
     Returns:
         ``forward(idx)`` returns the logits, or ``(logits, [weights of each layer])`` with
-        ``return_weights=True``; ``generate(idx, max_new_tokens)`` returns
-        ``(B, T + max_new_tokens)`` token ids.
+        ``return_weights=True``; ``forward(idx_new, kv_caches=caches)`` runs the new tokens
+        with one cache per layer (any :class:`~attention_book.kv_cache.LayerCache`: a
+        ``KVCache``, a paged view of chapter 16, a recurrent state);
+        ``generate(idx, max_new_tokens)`` returns ``(B, T + max_new_tokens)`` token ids.
 
     Taught in chapter 15.
     """
@@ -163,6 +247,7 @@ class TinyGPT(nn.Module):
         rope_base: float = 10000.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        mixers: Sequence[nn.Module | None] | None = None,
     ):
         super().__init__()
         if not isinstance(rope, bool):
@@ -171,6 +256,14 @@ class TinyGPT(nn.Module):
                             ("num_layers", num_layers), ("context_length", context_length)):
             check_positive_int(name, value)
         check_dropout(dropout)
+        if mixers is None:
+            mixers = [None] * num_layers
+        elif isinstance(mixers, nn.Module) or not isinstance(mixers, Sequence):
+            raise TypeError(f"mixers must be a list of one mixer (or None) per layer, got "
+                            f"{type(mixers).__name__}")
+        elif len(mixers) != num_layers:
+            raise ValueError(f"mixers names {len(mixers)} mixers for num_layers={num_layers} "
+                             "layers: give one per layer (None for the default attention)")
         factory = {"device": device, "dtype": dtype}
         self.vocab_size = vocab_size
         self.d_model = d_model
@@ -186,8 +279,8 @@ class TinyGPT(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(d_model, num_heads, context_length, dropout,
                              attention_only=attention_only, rope=rope, rope_base=rope_base,
-                             **factory)
-            for _ in range(num_layers)
+                             mixer=mixer, **factory)
+            for mixer in mixers
         )
         self.final_norm = nn.LayerNorm(d_model, **factory)
         self.output = nn.Linear(d_model, vocab_size, bias=False, **factory)
@@ -210,34 +303,65 @@ class TinyGPT(nn.Module):
                 f"{int(idx.min())} to {int(idx.max())}"
             )
 
-    def _forward(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None):
+    def _forward(self, idx: torch.Tensor, kv_caches: Sequence[LayerCache] | None = None):
         """Logits and weights of ``idx``; with caches, ``idx`` holds only the new tokens."""
-        start = 0 if kv_caches is None else len(kv_caches[0])
+        if kv_caches is None:
+            start, positions = 0, torch.arange(idx.size(-1), device=idx.device)  # (T,)
+        else:
+            if isinstance(kv_caches, (str, bytes)) or not isinstance(kv_caches, Sequence):
+                raise TypeError(f"kv_caches must be a list of one cache per layer, got "
+                                f"{type(kv_caches).__name__}")
+            if len(kv_caches) != len(self.blocks):
+                raise ValueError(f"kv_caches holds {len(kv_caches)} caches for "
+                                 f"{len(self.blocks)} layers: give one per layer")
+            if not isinstance(kv_caches[0], LayerCache):
+                raise TypeError(f"kv_caches[0] must be a cache (len and positions), got "
+                                f"{type(kv_caches[0]).__name__}")
+            # The first layer's cache says where the new tokens go: (T,), or (B, T) when
+            # the rows have different lengths. Every layer holds as many tokens.
+            start = len(kv_caches[0])
+            positions = kv_caches[0].positions(idx.size(-1), idx.device)  # (T,) or (B, T)
         self._check_idx(idx, start)
         x = self.token_embedding(idx)  # (B, T, d_model)
         if self.position_embedding is not None:
-            positions = torch.arange(start, start + idx.size(1), device=idx.device)  # (T,)
             x = x + self.position_embedding(positions)  # (B, T, d_model)
         x = self.embedding_dropout(x)
         all_weights = []
         for layer, block in enumerate(self.blocks):
             cache = None if kv_caches is None else kv_caches[layer]
             x, attn_weights = block(x, return_weights=True, kv_cache=cache)
-            # x (B, T, d_model), attn_weights (B, num_heads, T, T_k)
+            # x (B, T, d_model), attn_weights (B, num_heads, T, T_k) or None
             all_weights.append(attn_weights)
         logits = self.output(self.final_norm(x))  # (B, T, vocab_size)
         return logits, all_weights
 
-    def forward(self, idx: torch.Tensor, return_weights: bool = False):
-        logits, all_weights = self._forward(idx)
+    def forward(self, idx: torch.Tensor, return_weights: bool = False, *,
+                kv_caches: Sequence[LayerCache] | None = None):
+        logits, all_weights = self._forward(idx, kv_caches)
         return (logits, all_weights) if return_weights else logits
+
+    def new_caches(self, max_length: int | None = None) -> list[LayerCache]:
+        """One empty cache per layer, each of the kind its block's mixer reads.
+
+        Args:
+            max_length: the most tokens each cache must hold (default ``context_length``).
+
+        Shapes:
+            (no tensors)
+
+        Returns:
+            A list of ``num_layers`` caches, for ``forward(idx, kv_caches=...)``.
+        """
+        max_length = self.context_length if max_length is None else max_length
+        return [block.new_cache(max_length) for block in self.blocks]
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True):
         """Extend ``idx`` greedily: append the most likely next token, ``max_new_tokens`` times.
 
-        With ``use_cache=True`` each layer keeps a :class:`KVCache`: the prompt is processed
-        once, then every step feeds only the newest token, at its position. Without it, every
+        With ``use_cache=True`` each layer keeps a :class:`KVCache` (or the cache its mixer
+        asks for, :meth:`new_caches`): the prompt is processed once, then every step feeds
+        only the newest token, at its position. Without it, every
         step runs the whole sequence again. The model is put in eval mode while it generates.
 
         Args:
@@ -266,7 +390,7 @@ class TinyGPT(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            kv_caches = [KVCache(self.context_length) for _ in self.blocks] if use_cache else None
+            kv_caches = self.new_caches() if use_cache else None
             new_tokens = idx  # (B, T): the prompt is the first input either way
             for _ in range(max_new_tokens):
                 logits, _ = self._forward(new_tokens if use_cache else idx, kv_caches)

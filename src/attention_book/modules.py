@@ -4,10 +4,11 @@ Every layer names its projections ``W_query``, ``W_key`` and ``W_value`` and
 its ``forward(x, mask=None, return_weights=False)`` takes ``x`` of shape
 ``(..., T, d_in)``. ``mask`` is boolean with True = may attend and combines
 with the causal mask of the causal layers. The headed layers also decode with
-a key/value cache (chapter 10), rotate their queries and keys with RoPE
-(``rope=True``) and attend to another sequence (``context=``, cross-attention),
-both from chapter 12, and give each head a learned attention sink (``sink=True``,
-chapter 13).
+any cache of the cache protocol (:class:`~attention_book.kv_cache.AttentionCache`:
+chapter 10's :class:`~attention_book.kv_cache.KVCache`, chapter 16's paged view),
+rotate their queries and keys with RoPE (``rope=True``) and attend to another
+sequence (``context=``, cross-attention), both from chapter 12, and give each
+head a learned attention sink (``sink=True``, chapter 13).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from .checks import (
     check_positive_int,
     require_float,
 )
-from .flash import sink_column
-from .kv_cache import KVCache
+from .fused import fused_attention
+from .kv_cache import AttentionCache, KVCache, check_cache, position_mask
+from .layout import merge_heads, split_heads
 from .positions import rotary_embedding
 
 __all__ = [
@@ -39,37 +41,6 @@ __all__ = [
     "MultiHeadAttention",
     "GroupedQueryAttention",
 ]
-
-
-def _fused_with_sink(
-    queries: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    allowed: torch.Tensor | None,
-    sink_logit: torch.Tensor,
-    dropout_p: float,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """PyTorch's fused attention with an attention sink, which it has no argument for.
-
-    One extra key of zeros scores 0 against every query; an additive mask of
-    ``sink_logit`` on its column makes that score the sink, and its value of zeros
-    adds nothing to the output: exactly ``exp(sink)`` more in each row's denominator.
-    """
-    num_queries, num_keys = queries.size(-2), keys.size(-2)
-    lead = queries.shape[:-2]  # (..., heads)
-    bias = queries.new_zeros(*lead, num_queries, num_keys)  # (..., heads, T, T_k)
-    if allowed is not None:
-        bias = bias.masked_fill(~allowed, float("-inf"))  # (..., heads, T, T_k)
-    sink = sink_column(sink_logit, bias).expand(*lead, num_queries, 1)  # (..., heads, T, 1)
-    bias = torch.cat([bias, sink], dim=-1)  # (..., heads, T, T_k + 1)
-    keys = torch.cat([keys, keys.new_zeros(*keys.shape[:-2], 1, keys.size(-1))], dim=-2)  # (..., T_k + 1, d)
-    values = torch.cat([values, values.new_zeros(*values.shape[:-2], 1, values.size(-1))],
-                       dim=-2)  # (..., T_k + 1, d_v)
-    return torch.nn.functional.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=bias, dropout_p=dropout_p, scale=scale,
-        enable_gqa=keys.size(-3) != queries.size(-3),
-    )  # (..., heads, T, d_v)
 
 
 class SelfAttention(nn.Module):
@@ -230,27 +201,6 @@ class MultiHeadAttentionWrapper(nn.Module):
         return (output, attn_weights) if return_weights else output
 
 
-def _split_heads(x: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
-    """``(..., T, num_heads * head_dim)`` -> ``(..., num_heads, T, head_dim)``."""
-    *lead, num_tokens, _ = x.shape
-    x = x.view(*lead, num_tokens, num_heads, head_dim)  # (..., T, heads, head_dim)
-    return x.transpose(-3, -2)  # (..., heads, T, head_dim)
-
-
-def _check_cache(kv_cache: object, num_tokens: int, context_length: int | None) -> int:
-    """Validate ``kv_cache`` for ``num_tokens`` new tokens; return the tokens it will hold."""
-    if not isinstance(kv_cache, KVCache):
-        raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
-    num_keys = len(kv_cache) + num_tokens
-    if context_length is not None and num_keys > context_length:
-        raise ValueError(
-            f"the KV cache holds {len(kv_cache)} tokens; adding {num_tokens} more makes "
-            f"{num_keys}, which exceeds context_length={context_length}; "
-            f"start a new cache (cache.reset()) or build the layer with a longer context"
-        )
-    return num_keys
-
-
 class _HeadedAttention(nn.Module):
     """Shared body of multi-head and grouped-query attention."""
 
@@ -325,34 +275,33 @@ class _HeadedAttention(nn.Module):
             return self.mask[:num_tokens, :num_tokens]  # (T, T)
         return causal_mask(num_tokens, device=device)  # (T, T)
 
-    def _fused(self, queries, keys, values, mask, num_tokens, num_keys, dropout_p, group_size):
-        """PyTorch's fused attention, told as much as possible about the mask and the groups."""
+    def _fused(self, queries, keys, values, allowed, square_causal, dropout_p, lower_right):
+        """PyTorch's fused attention, told as much as possible about the mask and the groups.
+
+        ``allowed`` is the whole mask, or None when it is only causal: square
+        (``square_causal``), or bottom-right (``lower_right``: the keys are positions
+        ``0 … T_k - 1`` of a KVCache and the queries the last ones).
+        """
+        num_tokens, num_keys = queries.size(-2), keys.size(-2)
         if self.sink_logit is not None:
-            allowed = mask
-            if self.causal:
-                causal = causal_mask(num_tokens, num_keys, device=queries.device)  # (T, T_k)
-                allowed = causal if mask is None else causal & mask
-            return _fused_with_sink(queries, keys, values, allowed, self.sink_logit, dropout_p)
-        causal_only = self.causal and mask is None
-        attn_mask, is_causal = mask, False
-        if causal_only and num_tokens == num_keys:
+            if square_causal:
+                allowed = self._causal(num_tokens, queries.device)  # (T, T)
+            return fused_attention(queries, keys, values, allowed, dropout_p=dropout_p,
+                                   sink_logit=self.sink_logit)  # (..., num_heads, T, head_dim)
+        attn_mask, is_causal = allowed, False
+        if square_causal or (lower_right and num_tokens == num_keys):
             # is_causal lets the fused kernel skip the tiles above the diagonal.
             attn_mask, is_causal = None, True
-        elif causal_only:
-            # Decoding with a cache: the queries are the last positions, so the diagonal is
-            # aligned bottom-right. causal_lower_right says so without a mask tensor; a GPU
-            # kernel can then skip the blocks above the diagonal (on the CPU, PyTorch builds
-            # the mask from it, as chapter 10 shows).
+        elif lower_right:
+            # Decoding with a KVCache: its keys are positions 0 … T_k - 1 and the queries the
+            # last ones, so the diagonal is aligned bottom-right. causal_lower_right says so
+            # without a mask tensor; a GPU kernel can then skip the blocks above the diagonal
+            # (on the CPU, PyTorch builds the mask from it, as chapter 10 shows).
             attn_mask = causal_lower_right(num_tokens, num_keys)
-        elif self.causal:
-            causal = causal_mask(num_tokens, num_keys, device=queries.device)  # (T, T_k)
-            attn_mask = causal & mask
-        # enable_gqa broadcasts each key/value head over its group of query heads inside the
-        # kernel, instead of materialising num_heads copies as repeat_interleave does.
-        return torch.nn.functional.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p,
-            is_causal=is_causal, enable_gqa=group_size > 1,
-        )  # (..., num_heads, T, head_dim)
+        # Grouped heads: the kernel broadcasts each key/value head over its group of query
+        # heads (enable_gqa), instead of materialising num_heads copies as repeat_interleave does.
+        return fused_attention(queries, keys, values, attn_mask, is_causal=is_causal,
+                               dropout_p=dropout_p)  # (..., num_heads, T, head_dim)
 
     def _check_context(self, context: object, x: torch.Tensor, kv_cache: object) -> int:
         """Validate a cross-attention ``context`` for the queries ``x``; return ``T_ctx``."""
@@ -393,11 +342,14 @@ class _HeadedAttention(nn.Module):
         return context.size(-2)
 
     def _rope_positions(
-        self, num_tokens: int, kv_cache: KVCache | None, device: torch.device
+        self, num_tokens: int, kv_cache: AttentionCache | None, device: torch.device
     ) -> torch.Tensor:
         """The positions of the new tokens: they continue after the tokens already cached."""
-        start = 0 if kv_cache is None else len(kv_cache)
-        return torch.arange(start, start + num_tokens, device=device)  # (T,)
+        if kv_cache is None:
+            return torch.arange(num_tokens, device=device)  # (T,)
+        positions = kv_cache.positions(num_tokens, device)  # (T,) or (B, T)
+        # A row of positions per sequence: (B, 1, T) broadcasts over the heads.
+        return positions if positions.dim() == 1 else positions.unsqueeze(-2)
 
     def forward(
         self,
@@ -405,7 +357,7 @@ class _HeadedAttention(nn.Module):
         mask: torch.Tensor | None = None,
         return_weights: bool = False,
         *,
-        kv_cache: KVCache | None = None,
+        kv_cache: AttentionCache | None = None,
         context: torch.Tensor | None = None,
     ):
         """Attend from ``x``; with ``kv_cache``, decode; with ``context``, cross-attend.
@@ -414,8 +366,12 @@ class _HeadedAttention(nn.Module):
         appended to it and the queries attend over every cached token, the causal
         mask aligned bottom-right (the new tokens are the last ones), so decoding
         one token at a time reproduces the full causal forward pass (chapter 10).
-        With ``rope=True`` the new tokens take positions ``len(cache) …`` and the
-        cache stores their rotated keys (chapter 12). With a ``context`` of shape
+        The cache may be any :class:`~attention_book.kv_cache.AttentionCache`: the layer
+        reads the new tokens' positions from it (``(T,)``, or ``(B, T)`` when the rows of
+        a batch have different lengths) and builds the mask from them and the keys'
+        positions (:func:`~attention_book.kv_cache.position_mask`).
+        With ``rope=True`` the new tokens take the cache's positions (``len(cache) …`` for
+        a :class:`KVCache`) and the cache stores their rotated keys (chapter 12). With a ``context`` of shape
         ``(..., T_ctx, d_in)`` the keys and values come from the context and the
         queries from ``x`` (cross-attention, chapter 12; the layer must not be causal,
         and ``context_length`` limits ``x``, not the context).
@@ -426,7 +382,7 @@ class _HeadedAttention(nn.Module):
         if context is not None:
             num_keys = self._check_context(context, x, kv_cache)
         elif kv_cache is not None:
-            num_keys = _check_cache(kv_cache, num_tokens, self.context_length)
+            num_keys = check_cache(kv_cache, num_tokens, self.context_length)
         else:
             num_keys = num_tokens
         if return_weights and self.backend == "sdpa":
@@ -440,46 +396,59 @@ class _HeadedAttention(nn.Module):
 
         source = x if context is None else context  # (..., T_k, d_in): where keys come from
         # (..., num_heads, T, head_dim)
-        queries = _split_heads(self.W_query(x), self.num_heads, self.head_dim)
+        queries = split_heads(self.W_query(x), self.num_heads, self.head_dim)
         # (..., num_kv_heads, T_k, head_dim)
-        keys = _split_heads(self.W_key(source), self.num_kv_heads, self.head_dim)
+        keys = split_heads(self.W_key(source), self.num_kv_heads, self.head_dim)
         # (..., num_kv_heads, T_k, hd)
-        values = _split_heads(self.W_value(source), self.num_kv_heads, self.head_dim)
+        values = split_heads(self.W_value(source), self.num_kv_heads, self.head_dim)
+        # A KVCache holds positions 0 … T_k - 1, the new tokens last: for the fused kernel its
+        # causal mask is PyTorch's bottom-right one, which needs no mask tensor (_fused).
+        lower_right = (isinstance(kv_cache, KVCache) and self.backend == "sdpa" and self.causal
+                       and mask is None and self.sink_logit is None)
+        if kv_cache is not None and not lower_right:
+            # Read the positions before the cache grows: the new tokens come after its tokens.
+            query_positions = kv_cache.positions(num_tokens, x.device)  # (T,) or (B, T)
         if self.rope:
-            # Read the positions before the cache grows: the new tokens come after len(cache).
-            positions = self._rope_positions(num_tokens, kv_cache, x.device)  # (T,)
+            positions = self._rope_positions(num_tokens, kv_cache, x.device)  # (T,) or (B, 1, T)
             queries = rotary_embedding(queries, positions, base=self.rope_base)  # same shape
             keys = rotary_embedding(keys, positions, base=self.rope_base)  # same shape
+        square_causal = False  # a causal mask on T x T, which the fused kernel needs no tensor for
         if kv_cache is not None:
             # The cache stores num_kv_heads heads: grouped-query attention's memory saving.
             keys, values = kv_cache.update(keys, values)  # (..., num_kv_heads, T_k, head_dim)
+        if lower_right:
+            allowed = None
+        elif kv_cache is not None:
+            # Bottom-right causal by positions; a slot of the cache that holds no token is hidden.
+            allowed = position_mask(query_positions, kv_cache.key_positions(x.device),
+                                    causal=self.causal)  # (T, T_k) or (B, T, T_k)
+            if allowed.dim() > 2:
+                allowed = allowed.unsqueeze(-3)  # (B, 1, T, T_k): the same for every head
+            allowed = allowed if mask is None else allowed & mask
+        elif self.causal and mask is None and self.backend == "sdpa":
+            allowed, square_causal = None, True
+        elif self.causal:
+            causal = self._causal(num_tokens, x.device)  # (T, T)
+            allowed = causal if mask is None else causal & mask
+        else:
+            allowed = mask
         group_size = self.num_heads // self.num_kv_heads
         dropout_p = self.dropout_p if self.training else 0.0
 
         if self.backend == "sdpa":
-            context_vec = self._fused(queries, keys, values, mask, num_tokens, num_keys, dropout_p,
-                                      group_size)  # (..., num_heads, T, head_dim)
+            context_vec = self._fused(queries, keys, values, allowed, square_causal, dropout_p,
+                                      lower_right)  # (..., num_heads, T, head_dim)
             attn_weights = None
         else:
             if group_size > 1:
                 # Each key/value head serves `group_size` consecutive query heads.
                 keys = keys.repeat_interleave(group_size, dim=-3)  # (..., num_heads, T_k, head_dim)
                 values = values.repeat_interleave(group_size, dim=-3)  # (..., num_heads, T_k, hd)
-            allowed = mask
-            if self.causal:
-                if kv_cache is None:
-                    causal = self._causal(num_tokens, x.device)  # (T, T)
-                else:
-                    # The new queries are the last num_tokens positions: bottom-right alignment.
-                    causal = causal_mask(num_tokens, num_keys, device=x.device)  # (T, T_k)
-                allowed = causal if mask is None else causal & mask
             context_vec, attn_weights = scaled_dot_product_attention(
                 queries, keys, values, allowed, dropout_p=dropout_p, sink_logit=self.sink_logit
             )  # (..., num_heads, T, head_dim), (..., num_heads, T, T_k)
 
-        # transpose makes the memory non-contiguous, so merge the heads with reshape.
-        context_vec = context_vec.transpose(-3, -2)  # (..., T, num_heads, head_dim)
-        context_vec = context_vec.reshape(*lead, num_tokens, self.d_out)  # (..., T, d_out)
+        context_vec = merge_heads(context_vec)  # (..., T, d_out)
         output = self.out_proj(context_vec)  # (..., T, d_out)
         return (output, attn_weights) if return_weights else output
 
@@ -516,7 +485,8 @@ class MultiHeadAttention(_HeadedAttention):
 
     Returns:
         ``forward`` returns the output, or ``(output, weights)`` when ``return_weights=True``;
-        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10);
+        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10) or any
+        other :class:`~attention_book.kv_cache.AttentionCache` (a paged view, chapter 16);
         ``forward(x, context=ctx)`` is cross-attention (a non-causal layer, chapter 12).
 
     Taught in chapter 7 (the KV cache in chapter 10; RoPE and cross-attention in chapter 12;
@@ -576,7 +546,8 @@ class GroupedQueryAttention(_HeadedAttention):
 
     Returns:
         ``forward`` returns the output, or ``(output, weights)`` when ``return_weights=True``;
-        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10);
+        ``forward(x_new, kv_cache=cache)`` decodes with a :class:`KVCache` (chapter 10) or any
+        other :class:`~attention_book.kv_cache.AttentionCache` (a paged view, chapter 16);
         ``forward(x, context=ctx)`` is cross-attention (a non-causal layer, chapter 12).
 
     Taught in chapter 7 (the KV cache in chapter 10; RoPE and cross-attention in chapter 12;

@@ -9,35 +9,42 @@ its last one is full; sequences that share a prompt share its blocks, counted by
 and a shared block is copied the first time one of them writes into it (copy-on-write).
 
 * :class:`PagedKVCache`: the pool, the block tables, the reference counts;
+* :class:`PagedBatchView`: one layer's view of a batch of sequences of different lengths in
+  the pool, which follows the cache protocol of chapter 10
+  (:class:`~attention_book.kv_cache.AttentionCache`), so that a model's layers decode with it
+  as they do with a :class:`~attention_book.kv_cache.KVCache`;
 * :func:`paged_attention`: causal attention of the newest tokens of several sequences of
   different lengths, reading each one's keys and values through its block table;
-* :func:`paged_forward`: a :class:`~attention_book.model.TinyGPT` forward pass whose layers
-  read and write a paged cache;
+* :func:`paged_forward`: the model's own forward pass (:class:`~attention_book.model.TinyGPT`)
+  with one paged view per layer as its caches; this module has no layer code of its own;
 * :class:`ContinuousBatcher` and :func:`generate_batch`: greedy generation for many requests,
   each step one batched forward that decodes a token for every running request, new requests
   joining as soon as there is room and leaving when they are done (continuous batching).
 
-This module imports the functional core, the positions and the model; only the package's
-``__init__`` imports it.
+This module imports the functional core, the cache protocol, the layers and the model; only
+the package's ``__init__`` imports it.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from .attention import scaled_dot_product_attention
 from .checks import check_positive_int, require_float
+from .kv_cache import EMPTY_POSITION, position_mask
+from .latent import MultiHeadLatentAttention
 from .model import TinyGPT
-from .positions import rotary_embedding
+from .modules import GroupedQueryAttention, MultiHeadAttention
 
 __all__ = [
     "OutOfBlocksError",
     "PagedKVCache",
+    "PagedBatchView",
     "paged_attention",
     "paged_forward",
     "StepRecord",
@@ -68,7 +75,9 @@ class PagedKVCache:
     back. :meth:`fork` starts a sequence that shares every block of another one (their
     reference counts go up); the first write into a shared block copies it to a private one
     first (copy-on-write). When the pool has too few free blocks for an append, it raises
-    :class:`OutOfBlocksError` before changing anything.
+    :class:`OutOfBlocksError` before changing anything. With ``store_values=False`` the pool
+    holds keys alone: the latent of multi-head latent attention (chapter 14), which serves
+    as both key and value, pages like any key.
 
     Args:
         num_blocks: blocks in the pool.
@@ -79,6 +88,7 @@ class PagedKVCache:
             share its block table, each layer counts its own tokens.
         dtype: the floating dtype of the pool.
         device: where to allocate the pool.
+        store_values: hold values beside the keys (False: keys only, ``value_blocks`` is None).
 
     Shapes:
         ``key_blocks`` and ``value_blocks``: ``(num_layers, num_blocks, block_size,
@@ -88,7 +98,9 @@ class PagedKVCache:
 
     Returns:
         (a class) ``blocks_in_use`` counts the blocks that some sequence holds;
-        ``block_nbytes`` is the bytes of one block (keys and values of every layer).
+        ``block_nbytes`` is the bytes of one block (keys, and values when stored, of every
+        layer);
+        :meth:`batch_views` gives a model one cache per layer.
 
     Taught in chapter 16.
     """
@@ -103,6 +115,7 @@ class PagedKVCache:
         num_layers: int = 1,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        store_values: bool = True,
     ):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
@@ -110,6 +123,8 @@ class PagedKVCache:
             check_positive_int(name, value)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        if not isinstance(store_values, bool):
+            raise TypeError(f"store_values must be a bool, got {type(store_values).__name__}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
@@ -117,7 +132,8 @@ class PagedKVCache:
         self.num_layers = num_layers
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.key_blocks = torch.zeros(shape, dtype=dtype, device=device)
-        self.value_blocks = torch.zeros(shape, dtype=dtype, device=device)
+        self.value_blocks = (torch.zeros(shape, dtype=dtype, device=device) if store_values
+                             else None)
         self._free = list(range(num_blocks))  # a heap: the lowest free id is taken first
         self._ref_counts = [0] * num_blocks
         self._tables: dict[Hashable, list[int]] = {}
@@ -137,6 +153,11 @@ class PagedKVCache:
         return self.key_blocks.device
 
     @property
+    def store_values(self) -> bool:
+        """True when the pool holds values beside the keys."""
+        return self.value_blocks is not None
+
+    @property
     def blocks_in_use(self) -> int:
         """Blocks that at least one sequence holds (a shared block counts once)."""
         return self.num_blocks - len(self._free)
@@ -148,8 +169,8 @@ class PagedKVCache:
 
     @property
     def block_nbytes(self) -> int:
-        """Bytes of one block: the keys and values of ``block_size`` tokens in every layer."""
-        return 2 * self.key_blocks[:, 0].nbytes
+        """Bytes of one block: the keys (and values, if stored) of ``block_size`` tokens, every layer."""
+        return (2 if self.store_values else 1) * self.key_blocks[:, 0].nbytes
 
     @property
     def seq_ids(self) -> list:
@@ -256,7 +277,8 @@ class PagedKVCache:
         # A block comes back zeroed, so the slots past a sequence's length never hold another
         # sequence's keys and values (a NaN there would survive a zero attention weight).
         self.key_blocks[:, block] = 0.0
-        self.value_blocks[:, block] = 0.0
+        if self.value_blocks is not None:
+            self.value_blocks[:, block] = 0.0
         return block
 
     def _release(self, block: int) -> None:
@@ -266,7 +288,8 @@ class PagedKVCache:
 
     def _copy_block(self, source: int, target: int) -> None:
         self.key_blocks[:, target] = self.key_blocks[:, source]
-        self.value_blocks[:, target] = self.value_blocks[:, source]
+        if self.value_blocks is not None:
+            self.value_blocks[:, target] = self.value_blocks[:, source]
 
     def _blocks_needed(self, seq_ids: Sequence[Hashable], num_new: int, layer: int) -> int:
         """New blocks plus copies of shared blocks for appending ``num_new`` tokens to each."""
@@ -305,10 +328,14 @@ class PagedKVCache:
         table = torch.tensor(self._tables[seq_id], dtype=torch.long, device=self.device)
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
-    def _append_many(self, seq_ids: list, keys: torch.Tensor, values: torch.Tensor,
-                     layer: int) -> torch.Tensor:
-        """Append ``keys[i]`` and ``values[i]`` to ``seq_ids[i]``: all or nothing; return the slots."""
-        num_new = keys.size(2)
+    def _reserve(self, seq_ids: list, num_new: int, layer: int) -> torch.Tensor:
+        """Take the blocks for ``num_new`` more tokens of each sequence: all or nothing.
+
+        Copies the shared blocks the tokens will be written into (copy-on-write) and adds
+        the blocks they need; returns the pool slots of the new tokens, sequence by sequence,
+        ``(len(seq_ids) * num_new,)``. When the pool is short it raises
+        :class:`OutOfBlocksError` before changing anything.
+        """
         needed = self._blocks_needed(seq_ids, num_new, layer)
         if needed > len(self._free):
             counts = [self._lengths[seq_id][layer] for seq_id in seq_ids]
@@ -319,42 +346,44 @@ class PagedKVCache:
                 f"{len(self._free)} of the {self.num_blocks} blocks are free; nothing was "
                 "changed: free a sequence or build a larger pool"
             )
-        if num_new == 0:
+        if num_new == 0 or not seq_ids:
             return torch.zeros(0, dtype=torch.long, device=self.device)
         slots = []
         for seq_id in seq_ids:
             start = self._lengths[seq_id][layer]
             self._make_room(seq_id, num_new, layer)
             slots.append(self._slots(seq_id, start, num_new))
-        slots = torch.cat(slots)  # (B * T_new,)
-        self._write_slots(seq_ids, slots, keys, values, layer)
-        return slots
+        return torch.cat(slots)  # (B * T_new,)
 
     def _write_slots(self, seq_ids: list, slots: torch.Tensor, keys: torch.Tensor,
-                     values: torch.Tensor, layer: int) -> None:
-        """Write new tokens into slots that ``_append_many`` chose (for the same tokens)."""
+                     values: torch.Tensor | None, layer: int) -> None:
+        """Write new tokens into slots that ``_reserve`` chose (for the same tokens)."""
         shape = (-1, self.num_kv_heads, self.head_dim)
         # (B, H_kv, T_new, head_dim) -> one row of (H_kv, head_dim) per token, in the slot order
         self.key_blocks[layer].view(shape)[slots] = keys.transpose(1, 2).reshape(shape)
-        self.value_blocks[layer].view(shape)[slots] = values.transpose(1, 2).reshape(shape)
+        if values is not None:
+            self.value_blocks[layer].view(shape)[slots] = values.transpose(1, 2).reshape(shape)
         for seq_id in seq_ids:
             self._lengths[seq_id][layer] += keys.size(2)
 
-    def _padded_tables(self, seq_ids: Sequence[Hashable],
-                       layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block tables as one ``(B, max_blocks)`` tensor, and the lengths ``(B,)``.
+    def _padded_tables(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
+        """The block tables as one ``(B, max_blocks)`` tensor on the pool's device.
 
-        A short table is padded with its own last block, whose extra copies the causal mask
-        hides: the padding reads no other sequence's keys and values.
+        A short table is padded with its own last block, whose extra copies
+        :func:`~attention_book.kv_cache.position_mask` hides (their key positions are
+        ``EMPTY_POSITION``): the padding reads no other sequence's keys and values.
         """
         tables = [self._tables[seq_id] for seq_id in seq_ids]
-        width = max(1, max(len(table) for table in tables))
-        padded = torch.zeros(len(tables), width, dtype=torch.long)  # (B, max_blocks)
-        for row, table in enumerate(tables):
-            if table:
-                padded[row] = torch.tensor(table + table[-1:] * (width - len(table)))
-        lengths = torch.tensor([self._lengths[seq_id][layer] for seq_id in seq_ids])  # (B,)
-        return padded.to(self.device), lengths.to(self.device)
+        width = max(1, *(len(table) for table in tables))
+        rows = [table + table[-1:] * (width - len(table)) if table else [0] * width
+                for table in tables]
+        return torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, max_blocks)
+
+    def _read(self, pool: torch.Tensor, tables: torch.Tensor, num_keys: int) -> torch.Tensor:
+        """The first ``num_keys`` token slots of each row's blocks, ``(B, H_kv, num_keys, d)``."""
+        blocks = pool[tables]  # (B, max_blocks, block_size, H_kv, head_dim)
+        tokens = blocks.flatten(1, 2)[:, :num_keys]  # (B, num_keys, H_kv, head_dim)
+        return tokens.transpose(1, 2)  # (B, H_kv, num_keys, head_dim)
 
     # ------------------------------------------------------------------ the public operations
 
@@ -375,7 +404,7 @@ class PagedKVCache:
         self._lengths[seq_id] = [0] * self.num_layers
         self._freed.discard(seq_id)
 
-    def append(self, seq_id: Hashable, keys: torch.Tensor, values: torch.Tensor,
+    def append(self, seq_id: Hashable, keys: torch.Tensor, values: torch.Tensor | None,
                layer: int = 0) -> None:
         """Write the keys and values of ``T_new`` new tokens after the tokens ``seq_id`` holds.
 
@@ -386,7 +415,7 @@ class PagedKVCache:
         Args:
             seq_id: a sequence of the cache.
             keys: the new tokens' keys.
-            values: the new tokens' values.
+            values: the new tokens' values (None for a pool of keys only).
             layer: which layer's keys and values these are.
 
         Shapes:
@@ -397,12 +426,25 @@ class PagedKVCache:
         """
         seq_id = self._check_seq(seq_id)
         layer = self._check_layer(layer)
-        for name, tensor in (("keys", keys), ("values", values)):
-            self._check_new_tokens(name, tensor, 3, "(num_kv_heads, T_new, head_dim)")
+        self._check_keys_values(keys, values, 3, "(num_kv_heads, T_new, head_dim)")
+        slots = self._reserve([seq_id], keys.size(1), layer)
+        self._write_slots([seq_id], slots, keys[None], None if values is None else values[None],
+                          layer)
+
+    def _check_keys_values(self, keys: object, values: object, dims: int, layout: str) -> None:
+        """New keys, and values exactly when the pool stores them, of the pool's layout."""
+        self._check_new_tokens("keys", keys, dims, layout)
+        if not self.store_values:
+            if values is not None:
+                raise ValueError("this PagedKVCache stores keys only (store_values=False): "
+                                 "pass values=None")
+            return
+        if values is None:
+            raise ValueError("this PagedKVCache stores keys and values: pass both")
+        self._check_new_tokens("values", values, keys.dim(), layout)
         if keys.shape != values.shape:
             raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} "
-                             "must have the same shape (num_kv_heads, T_new, head_dim)")
-        self._append_many([seq_id], keys[None], values[None], layer)
+                             f"must have the same shape {layout}")
 
     def _check_new_tokens(self, name: str, tensor: object, dims: int, layout: str) -> None:
         require_float(name, tensor)
@@ -460,7 +502,8 @@ class PagedKVCache:
         del self._lengths[seq_id]
         self._freed.add(seq_id)
 
-    def gather(self, seq_id: Hashable, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, seq_id: Hashable,
+               layer: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The keys and values ``seq_id`` holds in ``layer``, read through its block table.
 
         Args:
@@ -471,49 +514,190 @@ class PagedKVCache:
             returns keys and values, each ``(num_kv_heads, length, head_dim)``.
 
         Returns:
-            ``(keys, values)``, new tensors (not views of the pool).
+            ``(keys, values)``, new tensors (not views of the pool); ``values`` is None for a
+            pool of keys only.
         """
         seq_id = self._check_seq(seq_id)
         layer = self._check_layer(layer)
         table = torch.tensor(self._tables[seq_id], dtype=torch.long, device=self.device)
         length = self._lengths[seq_id][layer]
         gathered = []
-        for pool in (self.key_blocks[layer], self.value_blocks[layer]):
-            blocks = pool[table]  # (num_table_blocks, block_size, H_kv, head_dim)
+        for pool in (self.key_blocks, self.value_blocks):
+            if pool is None:
+                gathered.append(None)
+                continue
+            blocks = pool[layer][table]  # (num_table_blocks, block_size, H_kv, head_dim)
             tokens = blocks.reshape(-1, self.num_kv_heads, self.head_dim)[:length]  # (T, H_kv, hd)
             gathered.append(tokens.transpose(0, 1).contiguous())  # (H_kv, T, head_dim)
         return gathered[0], gathered[1]
 
+    def batch_views(self, seq_ids: Sequence[Hashable], num_new: int) -> list[PagedBatchView]:
+        """Make room for ``num_new`` tokens of each sequence; one cache view per layer for the model.
 
-def _causal_through_tables(num_new: int, tables: torch.Tensor,
-                           lengths: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Which slots each new query may see: ``(B, T_new, max_blocks * block_size)``."""
-    key_positions = torch.arange(tables.size(1) * block_size, device=tables.device)  # (T_slots,)
-    query_positions = (lengths[:, None] - num_new
-                       + torch.arange(num_new, device=tables.device))  # (B, T_new)
-    # Bottom-right causal: query t of a sequence of length L sits at L - T_new + t. The slots
-    # past the length (zeros, or padding of the table) are never reached.
-    return key_positions[None, None, :] <= query_positions[:, :, None]  # (B, T_new, T_slots)
+        The blocks for the new tokens of every sequence are taken now, for every layer at
+        once (all or nothing: :class:`OutOfBlocksError` before anything changes, as in
+        :meth:`append`). Each view follows the cache protocol
+        (:class:`~attention_book.kv_cache.AttentionCache`), so a model's own forward pass runs
+        on them: ``model(idx, kv_caches=cache.batch_views(seq_ids, T_new))``.
+
+        Args:
+            seq_ids: the sequences of the batch, each named once, each holding the same
+                number of tokens in every layer.
+            num_new: the new tokens of each sequence, ``T_new``.
+
+        Shapes:
+            (no tensors)
+
+        Returns:
+            A list of ``num_layers`` :class:`PagedBatchView`, one per layer.
+        """
+        seq_ids = _check_seq_ids(seq_ids)
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids must name each sequence once, got {seq_ids}")
+        if isinstance(num_new, bool) or not isinstance(num_new, int) or num_new < 0:
+            raise ValueError(f"num_new must be an int >= 0, got {num_new!r}")
+        starts = []
+        for seq_id in seq_ids:
+            counts = self._lengths[self._check_seq(seq_id)]
+            if len(set(counts)) != 1:
+                raise ValueError(f"sequence {seq_id!r} holds {counts} tokens in its layers; "
+                                 "a batch of views needs the same number in every layer")
+            starts.append(counts[0])
+        slots = self._reserve(seq_ids, num_new, 0)
+        step = _PagedStep(self, seq_ids, num_new, starts, slots)
+        return [PagedBatchView(step, layer) for layer in range(self.num_layers)]
 
 
-def _attend_through_tables(queries: torch.Tensor, key_pool: torch.Tensor,
-                           value_pool: torch.Tensor, tables: torch.Tensor,
-                           allowed: torch.Tensor) -> torch.Tensor:
-    """Causal attention of the last ``T_new`` tokens of each sequence, keys read via ``tables``."""
-    batch_size, num_heads, num_new, head_dim = queries.shape
-    num_kv_heads = key_pool.size(2)
-    group_size = num_heads // num_kv_heads
-    # (B, max_blocks, block_size, H_kv, hd) -> (B, H_kv, max_blocks * block_size, hd)
-    keys = key_pool[tables].flatten(1, 2).permute(0, 2, 1, 3)
-    values = value_pool[tables].flatten(1, 2).permute(0, 2, 1, 3)
-    # Each key/value head serves group_size consecutive query heads (grouped-query attention).
-    grouped = queries.reshape(batch_size, num_kv_heads, group_size, num_new, head_dim)
-    scores = grouped @ keys[:, :, None].transpose(-2, -1) * (1.0 / math.sqrt(head_dim))
-    # scores: (B, H_kv, group, T_new, T_slots)
-    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
-    weights = torch.softmax(scores, dim=-1)  # (B, H_kv, group, T_new, T_slots)
-    context = weights @ values[:, :, None]  # (B, H_kv, group, T_new, head_dim)
-    return context.reshape(batch_size, num_heads, num_new, head_dim)  # (B, H, T_new, hd)
+def _key_positions(held: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Row ``b`` holds ``held[b]`` tokens in slots ``0 …``; the slots after them hold none.
+
+    ``held`` ``(B,)`` -> ``(B, num_keys)``: the slot's position, or ``EMPTY_POSITION``.
+    """
+    slot = torch.arange(num_keys, device=held.device)  # (T_k,)
+    return torch.where(slot < held[:, None], slot, EMPTY_POSITION)  # (B, T_k)
+
+
+class _PagedStep:
+    """What the views of one :meth:`PagedKVCache.batch_views` call share: slots, tables, positions."""
+
+    def __init__(self, cache: PagedKVCache, seq_ids: list, num_new: int, starts: list[int],
+                 slots: torch.Tensor):
+        self.cache = cache
+        self.seq_ids = seq_ids
+        self.num_new = num_new
+        self.starts = starts
+        self.slots = slots  # (B * T_new,)
+        device = cache.device
+        # The tables are final once the blocks are reserved: every layer reads through them.
+        self.tables = cache._padded_tables(seq_ids) if seq_ids else None  # (B, max_blocks)
+        self.num_keys = max(starts, default=0) + num_new  # the longest row after the step
+        start = torch.tensor(starts, dtype=torch.long, device=device)  # (B,)
+        self.query_positions = start[:, None] + torch.arange(num_new, device=device)  # (B, T_new)
+        self.key_positions = _key_positions(start + num_new, self.num_keys)  # (B, T_k)
+
+
+class PagedBatchView:
+    """One layer's view of a batch of sequences in a :class:`PagedKVCache`: the cache protocol.
+
+    Made by :meth:`PagedKVCache.batch_views`, which reserves the blocks of the whole step
+    first. The model then treats each view like a :class:`~attention_book.KVCache`
+    (:class:`~attention_book.kv_cache.AttentionCache`): ``positions`` gives each sequence's
+    own positions, ``update`` writes the new keys and values into the reserved slots of
+    its layer and returns every sequence's keys and values read through its block table,
+    padded to the longest, and ``key_positions`` marks the padding ``EMPTY_POSITION`` (−1),
+    so the layer's mask hides it. A sequence of 5 tokens and one of 9 decode in one batch.
+
+    Args:
+        step: what the views of one step share (made by :meth:`PagedKVCache.batch_views`).
+        layer: the layer this view reads and writes.
+
+    Shapes:
+        ``positions(T_new, device)`` ``(B, T_new)``; ``update`` takes keys and values
+        ``(B, num_kv_heads, T_new, head_dim)`` and returns ``(B, num_kv_heads, T_k, head_dim)``
+        with ``T_k`` the longest sequence's length; ``key_positions(device)`` ``(B, T_k)``.
+
+    Returns:
+        (a class) ``len(view)`` is the longest sequence's length in its layer.
+
+    Taught in chapter 16.
+    """
+
+    def __init__(self, step: _PagedStep, layer: int):
+        self._step = step
+        self.layer = layer
+        self._updated = False
+
+    def __len__(self) -> int:
+        lengths = self._step.cache._lengths
+        return max((lengths[seq_id][self.layer] for seq_id in self._step.seq_ids), default=0)
+
+    def __repr__(self) -> str:
+        return (f"PagedBatchView(layer={self.layer}, seq_ids={self._step.seq_ids}, "
+                f"num_new={self._step.num_new})")
+
+    def positions(self, num_new: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """Each sequence's positions for its new tokens: they follow the tokens it holds.
+
+        Args:
+            num_new: the new tokens per sequence; must be the ``num_new`` reserved.
+            device: where the positions are wanted.
+
+        Shapes:
+            returns ``(B, T_new)``.
+
+        Returns:
+            Row ``b``: ``L_b, …, L_b + T_new - 1`` for a sequence that held ``L_b`` tokens.
+        """
+        if num_new != self._step.num_new:
+            raise ValueError(f"the blocks of this step were reserved for {self._step.num_new} "
+                             f"new token(s) per sequence, not {num_new}")
+        return self._step.query_positions.to(device)  # (B, T_new)
+
+    def update(self, keys: torch.Tensor,
+               values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Write the new tokens' keys and values into the reserved slots; return every token's.
+
+        Args:
+            keys: the new tokens' keys, one row per sequence.
+            values: the new tokens' values (None for a pool of keys only).
+
+        Shapes:
+            keys and values ``(B, num_kv_heads, T_new, head_dim)``; returns two tensors
+            ``(B, num_kv_heads, T_k, head_dim)``, ``T_k`` the longest sequence's length.
+
+        Returns:
+            ``(all_keys, all_values)``; a shorter sequence's row is padded with slots that
+            :meth:`key_positions` marks empty; ``all_values`` is None for a pool of keys only.
+        """
+        step, cache = self._step, self._step.cache
+        if self._updated:
+            raise ValueError(f"layer {self.layer}'s view was already updated in this step: "
+                             "call batch_views again for the next tokens")
+        layout = "(B, num_kv_heads, T_new, head_dim)"
+        cache._check_keys_values(keys, values, 4, layout)
+        if keys.shape[0] != len(step.seq_ids) or keys.shape[2] != step.num_new:
+            raise ValueError(f"keys must have shape {layout} with B={len(step.seq_ids)} "
+                             f"and T_new={step.num_new}, got {tuple(keys.shape)}")
+        self._updated = True
+        cache._write_slots(step.seq_ids, step.slots, keys, values, self.layer)
+        all_keys = cache._read(cache.key_blocks[self.layer], step.tables, step.num_keys)
+        if values is None:
+            return all_keys, None  # (B, H_kv, T_k, head_dim): a latent serves as both
+        return all_keys, cache._read(cache.value_blocks[self.layer], step.tables, step.num_keys)
+
+    def key_positions(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The position of each key :meth:`update` returned; ``EMPTY_POSITION`` for padding.
+
+        Args:
+            device: where the positions are wanted.
+
+        Shapes:
+            returns ``(B, T_k)``.
+
+        Returns:
+            Row ``b``: ``0 … L_b - 1``, then −1 up to the longest sequence's length.
+        """
+        return self._step.key_positions.to(device)  # (B, T_k)
 
 
 def _check_seq_ids(seq_ids: object) -> list:
@@ -568,6 +752,9 @@ def paged_attention(queries: torch.Tensor, cache: PagedKVCache, seq_ids: Sequenc
                          f"num_kv_heads ({cache.num_kv_heads})")
     if queries.dtype != cache.dtype:
         raise TypeError(f"the cache stores {cache.dtype}, got queries of dtype {queries.dtype}")
+    if not cache.store_values:
+        raise ValueError("the cache stores keys only (store_values=False), so there are no "
+                         "values to attend to; a latent layer attends through paged_forward")
     for seq_id in seq_ids:
         held = cache.length(seq_id, layer)
         if held < num_new:
@@ -577,13 +764,52 @@ def paged_attention(queries: torch.Tensor, cache: PagedKVCache, seq_ids: Sequenc
             )
     if batch_size == 0 or num_new == 0:
         return queries.new_zeros(queries.shape)
-    tables, lengths = cache._padded_tables(seq_ids, layer)
-    allowed = _causal_through_tables(num_new, tables, lengths, cache.block_size)
-    return _attend_through_tables(queries, cache.key_blocks[layer], cache.value_blocks[layer],
-                                  tables, allowed)
+    counts = [cache.length(seq_id, layer) for seq_id in seq_ids]
+    held = torch.tensor(counts, dtype=torch.long, device=cache.device)  # (B,)
+    tables = cache._padded_tables(seq_ids)  # (B, max_blocks)
+    keys = cache._read(cache.key_blocks[layer], tables, max(counts))  # (B, H_kv, T_k, head_dim)
+    values = cache._read(cache.value_blocks[layer], tables, max(counts))  # (B, H_kv, T_k, hd)
+    # The queries are each sequence's last T_new positions: bottom-right causal by positions.
+    query_positions = held[:, None] - num_new + torch.arange(num_new, device=cache.device)
+    allowed = position_mask(query_positions, _key_positions(held, max(counts)))  # (B, T_new, T_k)
+    group_size = num_heads // cache.num_kv_heads
+    # Each key/value head serves group_size consecutive query heads (grouped-query attention).
+    keys = keys.repeat_interleave(group_size, dim=1)  # (B, num_heads, T_k, head_dim)
+    values = values.repeat_interleave(group_size, dim=1)  # (B, num_heads, T_k, head_dim)
+    context, _ = scaled_dot_product_attention(queries, keys, values, allowed[:, None])
+    return context  # (B, num_heads, T_new, head_dim)
 
 
 # ---------------------------------------------------------------------- the model on a paged cache
+
+
+def _cache_layout(model: TinyGPT) -> tuple[int, int, bool]:
+    """What a paged cache needs for ``model``: ``(num_kv_heads, head_dim, store_values)``.
+
+    Multi-head and grouped-query attention store keys and values of their key/value heads;
+    multi-head latent attention stores one latent per token, as a key of one head and no
+    value. Every layer must need the same: one pool holds one layout.
+    """
+    layouts = set()
+    for index, block in enumerate(model.blocks):
+        attention = block.attention
+        if isinstance(attention, (MultiHeadAttention, GroupedQueryAttention)):
+            layouts.add((attention.num_kv_heads, attention.head_dim, True))
+        elif isinstance(attention, MultiHeadLatentAttention):
+            layouts.add((1, attention.latent_dim, False))
+        else:
+            raise ValueError(
+                f"block {index}'s mixer is a {type(attention).__name__}; a PagedKVCache pages "
+                "the keys and values of MultiHeadAttention, GroupedQueryAttention and "
+                "MultiHeadLatentAttention layers only"
+            )
+        if not attention.causal:
+            raise ValueError(f"block {index}'s attention is not causal; a decoder's cache "
+                             "needs causal attention")
+    if len(layouts) != 1:
+        raise ValueError(f"the layers need different cache layouts (num_kv_heads, head_dim, "
+                         f"store_values) {sorted(layouts)}; one PagedKVCache holds one layout")
+    return layouts.pop()
 
 
 def _check_model(model: object) -> TinyGPT:
@@ -594,14 +820,7 @@ def _check_model(model: object) -> TinyGPT:
             "the model is in training mode: its dropout would make every run different and "
             "the tokens would not match model.generate; call model.eval() first"
         )
-    for index, block in enumerate(model.blocks):
-        attention = block.attention
-        if getattr(attention, "sink_logit", None) is not None:
-            raise ValueError(f"block {index}'s attention has an attention sink, which "
-                             "paged_attention does not implement")
-        if not attention.causal:
-            raise ValueError(f"block {index}'s attention is not causal; a decoder's cache "
-                             "needs causal attention")
+    _cache_layout(model)
     return model
 
 
@@ -616,15 +835,18 @@ def _check_tokens(model: TinyGPT, idx: object, name: str = "idx") -> None:
 
 
 def _check_cache_fits(model: TinyGPT, cache: PagedKVCache) -> None:
-    attention = model.blocks[0].attention
     dtype = next(model.parameters()).dtype
-    expected = (len(model.blocks), attention.num_kv_heads, attention.head_dim, dtype)
+    num_kv_heads, head_dim, store_values = _cache_layout(model)
+    expected = (len(model.blocks), num_kv_heads, head_dim, dtype)
     actual = (cache.num_layers, cache.num_kv_heads, cache.head_dim, cache.dtype)
     if expected != actual:
         raise ValueError(
             f"the cache (num_layers, num_kv_heads, head_dim, dtype) = {actual} does not fit the "
             f"model, which needs {expected}"
         )
+    if cache.store_values != store_values:
+        raise ValueError(f"the model's layers need a cache with store_values={store_values}, "
+                         f"got one with store_values={cache.store_values}")
 
 
 @torch.no_grad()
@@ -632,13 +854,15 @@ def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashabl
                   idx: torch.Tensor) -> torch.Tensor:
     """Run ``model`` on the next ``T_new`` tokens of several sequences, with a paged cache.
 
-    The tokens of sequence ``i`` take the positions after the ones it holds; every layer
-    appends their keys and values to the cache and attends over the sequence's cached tokens
-    with :func:`paged_attention`. It is ``model``'s own forward pass, block by block (the
-    learned position embedding, or RoPE with each sequence's own positions when the model's
-    attention has ``rope=True``), so the logits equal those of ``model(whole sequence)`` at the
-    new positions. If the pool runs out, :class:`OutOfBlocksError` is raised before any layer
-    writes.
+    The tokens of sequence ``i`` take the positions after the ones it holds. The blocks for
+    them are reserved in every layer first (:meth:`PagedKVCache.batch_views`; if the pool
+    runs out, :class:`OutOfBlocksError` is raised before any layer writes), then the model's
+    own forward pass runs with one :class:`PagedBatchView` per layer as its caches: each
+    attention layer writes its keys and values into the pool and attends over its
+    sequence's cached tokens, with each sequence's own positions (the learned position
+    embedding, or RoPE). So the logits equal those of ``model(whole sequence)`` at the new
+    positions, for any attention the model's blocks hold (multi-head, grouped-query or
+    latent; learned positions or RoPE; with or without a sink).
 
     Args:
         model: a :class:`~attention_book.model.TinyGPT` in eval mode.
@@ -660,63 +884,21 @@ def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashabl
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     _check_cache_fits(model, cache)
     seq_ids = _check_seq_ids(seq_ids)
-    if len(set(seq_ids)) != len(seq_ids):
-        raise ValueError(f"seq_ids must name each sequence once, got {seq_ids}")
     _check_tokens(model, idx)
     if idx.dim() != 2 or idx.size(0) != len(seq_ids):
         raise ValueError(f"idx must have shape (len(seq_ids)={len(seq_ids)}, T_new), got "
                          f"{tuple(idx.shape)}")
-    starts = []
-    for seq_id in seq_ids:
-        counts = [cache.length(seq_id, layer) for layer in range(cache.num_layers)]
-        if len(set(counts)) != 1:
-            raise ValueError(f"sequence {seq_id!r} holds {counts} tokens in its layers; "
-                             "paged_forward needs the same number in every layer")
-        starts.append(counts[0])
     batch_size, num_new = idx.shape
-    if starts and max(starts) + num_new > model.context_length:
-        raise ValueError(f"a sequence holding {max(starts)} tokens plus T_new={num_new} makes "
-                         f"{max(starts) + num_new}, which exceeds "
+    longest = max((cache.length(seq_id) for seq_id in seq_ids), default=0)
+    if longest + num_new > model.context_length:
+        raise ValueError(f"a sequence holding {longest} tokens plus T_new={num_new} makes "
+                         f"{longest + num_new}, which exceeds "
                          f"context_length={model.context_length}")
-    start = torch.tensor(starts, dtype=torch.long, device=idx.device)  # (B,)
-    positions = start[:, None] + torch.arange(num_new, device=idx.device)  # (B, T_new)
-
-    x = model.token_embedding(idx)  # (B, T_new, d_model)
-    position_embedding = getattr(model, "position_embedding", None)
-    if position_embedding is not None:
-        x = x + position_embedding(positions)  # (B, T_new, d_model)
-    x = model.embedding_dropout(x)
-    tables = allowed = slots = None
-    for layer, block in enumerate(model.blocks):
-        attention = block.attention
-        num_heads, num_kv_heads = attention.num_heads, attention.num_kv_heads
-        head_dim = attention.head_dim
-        normed = block.attention_norm(x)  # (B, T_new, d_model)
-        queries = attention.W_query(normed).view(batch_size, num_new, num_heads, head_dim)
-        queries = queries.transpose(1, 2)  # (B, num_heads, T_new, head_dim)
-        keys = attention.W_key(normed).view(batch_size, num_new, num_kv_heads, head_dim)
-        keys = keys.transpose(1, 2)  # (B, num_kv_heads, T_new, head_dim)
-        values = attention.W_value(normed).view(batch_size, num_new, num_kv_heads, head_dim)
-        values = values.transpose(1, 2)  # (B, num_kv_heads, T_new, head_dim)
-        if attention.rope:
-            # Each sequence's own positions: (B, 1, T_new) broadcasts over the heads.
-            queries = rotary_embedding(queries, positions[:, None, :], base=attention.rope_base)
-            keys = rotary_embedding(keys, positions[:, None, :], base=attention.rope_base)
-        if slots is None:
-            # Layer 0 takes the blocks (all or nothing, copying shared ones); every later layer
-            # writes the same tokens into the same slots, and reads through the same tables.
-            slots = cache._append_many(seq_ids, keys, values, layer)
-            tables, lengths = cache._padded_tables(seq_ids, layer)
-            allowed = _causal_through_tables(num_new, tables, lengths, cache.block_size)
-        else:
-            cache._write_slots(seq_ids, slots, keys, values, layer)
-        context = _attend_through_tables(queries, cache.key_blocks[layer],
-                                         cache.value_blocks[layer], tables, allowed)
-        context = context.transpose(1, 2).reshape(batch_size, num_new, attention.d_out)
-        x = x + block.attention_dropout(attention.out_proj(context))  # (B, T_new, d_model)
-        if not block.attention_only:
-            x = x + block.mlp(block.mlp_norm(x))  # (B, T_new, d_model)
-    return model.output(model.final_norm(x))  # (B, T_new, vocab_size)
+    views = cache.batch_views(seq_ids, num_new)  # reserves every layer's slots, or raises
+    if batch_size == 0 or num_new == 0:
+        return torch.zeros(batch_size, num_new, model.vocab_size, dtype=cache.dtype,
+                           device=idx.device)
+    return model(idx, kv_caches=views)  # (B, T_new, vocab_size)
 
 
 # ---------------------------------------------------------------------- continuous batching
@@ -802,11 +984,11 @@ class ContinuousBatcher:
         check_positive_int("num_blocks", num_blocks)
         if max_batch_size is not None:
             check_positive_int("max_batch_size", max_batch_size)
-        attention = model.blocks[0].attention
+        num_kv_heads, head_dim, store_values = _cache_layout(model)
         parameter = next(model.parameters())
-        self.cache = PagedKVCache(num_blocks, block_size, attention.num_kv_heads,
-                                  attention.head_dim, num_layers=len(model.blocks),
-                                  dtype=parameter.dtype, device=parameter.device)
+        self.cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim,
+                                  num_layers=len(model.blocks), dtype=parameter.dtype,
+                                  device=parameter.device, store_values=store_values)
         self.max_batch_size = max_batch_size
         self.history: list[StepRecord] = []
         self._requests: list[_Request] = []
