@@ -366,3 +366,37 @@ def test_bad_input_names_the_sizes():
     with pytest.raises(ValueError, match=r"index_scores must have shape \(B, T_q, T_k\) = "
                                          r"\(1, 3, 5\)"):
         indexer_distillation_loss(scores[:, :2], torch.rand(1, 2, 3, 5))
+
+
+# --------------------------------------------------------------------------- the output gate
+
+
+def test_output_gate_shapes_gradients_and_cache():
+    torch.manual_seed(0)
+    layer = ab.MultiHeadAttention(8, 8, 2, context_length=6, output_gate=True)
+    assert tuple(layer.W_gate.weight.shape) == (8, 8) and layer.W_gate.bias is None
+    x = torch.randn(2, 6, 8, requires_grad=True)
+    output = layer(x)
+    assert output.shape == (2, 6, 8)
+    output.square().sum().backward()
+    assert layer.W_gate.weight.grad is not None and bool(layer.W_gate.weight.grad.abs().sum() > 0)
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+    with torch.no_grad():  # the gate by hand: merged heads times sigmoid(W_gate x)
+        plain = ab.MultiHeadAttention(8, 8, 2, context_length=6)
+        plain.load_state_dict({k: v for k, v in layer.state_dict().items() if "W_gate" not in k})
+        captured = {}
+        plain.out_proj.register_forward_pre_hook(lambda m, args: captured.update(c=args[0]))
+        plain(x)
+        expected = layer.out_proj(captured["c"] * torch.sigmoid(layer.W_gate(x)))
+        torch.testing.assert_close(layer(x), expected)
+        cache = ab.KVCache(6)
+        steps = torch.cat([layer(x[:, t:t + 1], kv_cache=cache) for t in range(6)], dim=1)
+        torch.testing.assert_close(steps, layer(x))
+    model = ab.TinyGPT(11, 8, 2, 2, 6, output_gate=True)
+    assert all(block.attention.W_gate is not None for block in model.blocks)
+    tokens = torch.randint(11, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(model.generate(tokens[:, :2], 4, use_cache=True),
+                                   model.generate(tokens[:, :2], 4, use_cache=False))
+    with pytest.raises(TypeError, match="output_gate must be a bool, got int"):
+        ab.MultiHeadAttention(8, 8, 2, output_gate=1)
