@@ -182,7 +182,7 @@ def check_indexer_scores(fn) -> None:
                  hint="return (B, T_q, T_k): one score per query and key, summed over the heads")
     relu_of_sum = torch.relu(torch.einsum("bth,bthd,bsd->bts", head_weights, index_queries,
                                           index_keys))  # (1, 1, 3): [3, 0, 0]
-    if torch.allclose(by_hand.detach().float(), relu_of_sum, atol=1e-6):
+    if torch.allclose(by_hand.detach().to(relu_of_sum.dtype), relu_of_sum, atol=1e-6):
         fail("the weights multiply each head's ReLU, not the sum", expected=expected.tolist(),
              actual=by_hand.tolist(), hint="ReLU each head's dot product first, then weight it "
              "by w[t, j] (which may be negative) and sum over the heads")
