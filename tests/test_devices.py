@@ -527,6 +527,37 @@ def test_no_factory_in_the_masks_positions_and_tasks_forgets_the_device(default_
     with torch.no_grad():
         assert math.isfinite(float(repeat_loss(model(batch.tokens), batch)))
 
+def test_no_factory_in_sparse_attention_forgets_the_device(default_device_meta):
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    query = torch.ones(1, 4, 6, 8, device=cpu)
+    key = torch.ones(1, 2, 6, 8, device=cpu)
+    scores = torch.arange(36.0, device=cpu).view(1, 6, 6)
+    output, indices = ab.topk_attention(query, key, key, scores, 2, return_indices=True)
+    _same_place(output, cpu, torch.float32)
+    _same_place(indices, cpu, torch.long)
+    _same_place(ab.topk_mask(scores, 2), cpu, torch.bool)
+    indexer = ab.LightningIndexer(8, 2, 4, device=cpu)
+    x = torch.ones(1, 6, 8, device=cpu)
+    index_scores = indexer(x)
+    _same_place(index_scores, cpu, torch.float32)
+    weights = torch.full((1, 4, 6, 6), 1 / 6, device=cpu)
+    _same_place(ab.indexer_distillation_loss(index_scores, weights), cpu, torch.float32)
+    _same_place(ab.block_topk_attention(query, key, key, scores, 1, block_size=2), cpu,
+                torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sparse_attention_stays_on_the_inputs_device(device, dtype):
+    query = _randn(1, 4, 6, 8, device=device, dtype=dtype)
+    key = _randn(1, 2, 6, 8, device=device, dtype=dtype, seed=1)
+    scores = _randn(1, 6, 6, device=device, dtype=dtype, seed=2)
+    output = ab.topk_attention(query, key, key, scores, 3)
+    _same_place(output, device, dtype)
+    expected = ab.topk_attention(query.double().cpu(), key.double().cpu(), key.double().cpu(),
+                                 scores.double().cpu(), 3)
+    _close(output, expected, dtype)
+
 
 def test_no_factory_in_serving_forgets_the_device(default_device_meta):
     """The paged cache, paged attention, the views, paged_forward and the batcher (issue 35)."""

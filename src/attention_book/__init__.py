@@ -18,6 +18,9 @@ what its heads do (``previous_token_scores``, ``induction_scores``, ``find_heads
 (``attention_book.distributed``: all-gather, ring and Ulysses attention). Chapter 18 turns
 attention into a recurrence (``linear_attention``, ``delta_rule``, ``RecurrentState``,
 ``LinearAttentionLayer``, ``GatedDeltaNet``).
+Chapter 19 refines full attention: top-k attention chosen by a lightning indexer
+(``topk_attention``, ``lightning_indexer_scores``, ``LightningIndexer``,
+``indexer_distillation_loss``, ``block_topk_attention``).
 """
 
 from . import mods
@@ -73,6 +76,15 @@ from .serving import (
     generate_batch,
     paged_attention,
     paged_forward,
+)
+from .sparse import (
+    LightningIndexer,
+    block_topk_attention,
+    block_topk_mask,
+    indexer_distillation_loss,
+    lightning_indexer_scores,
+    topk_attention,
+    topk_mask,
 )
 from .viz import head_view, model_view, plot_attention, plot_heads
 
@@ -131,4 +143,11 @@ __all__ = [
     "LinearAttentionLayer",
     "GatedDeltaNet",
     "recurrent_state_bytes",
+    "topk_mask",
+    "topk_attention",
+    "lightning_indexer_scores",
+    "LightningIndexer",
+    "indexer_distillation_loss",
+    "block_topk_mask",
+    "block_topk_attention",
 ]

@@ -88,6 +88,8 @@ class TransformerBlock(nn.Module):
         rope: rotate the attention's queries and keys by their positions (RoPE, chapter 12);
             with a cache the new tokens continue from ``len(kv_cache)``.
         rope_base: the ``base`` of the rotary frequencies.
+        output_gate: gate each attention head's output with a sigmoid of the token (gated
+            attention, chapter 19).
         device: where to create the parameters.
         dtype: the parameters' floating dtype.
         mixer: the layer that mixes the tokens (a :class:`TokenMixer`) in place of the
@@ -119,6 +121,7 @@ class TransformerBlock(nn.Module):
         *,
         rope: bool = False,
         rope_base: float = 10000.0,
+        output_gate: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         mixer: nn.Module | None = None,
@@ -134,7 +137,8 @@ class TransformerBlock(nn.Module):
         if mixer is None:
             mixer = MultiHeadAttention(
                 d_model, d_model, num_heads, context_length=context_length, dropout=dropout,
-                qkv_bias=qkv_bias, causal=True, rope=rope, rope_base=rope_base, **factory,
+                qkv_bias=qkv_bias, causal=True, rope=rope, rope_base=rope_base,
+                output_gate=output_gate, **factory,
             )
         elif not isinstance(mixer, nn.Module):
             raise TypeError(f"mixer must be an nn.Module with forward(x, mask, return_weights, "
@@ -211,6 +215,8 @@ class TinyGPT(nn.Module):
         rope: rotary position embeddings in every attention layer instead of a learned
             position embedding.
         rope_base: the ``base`` of the rotary frequencies.
+        output_gate: gate each attention head's output with a sigmoid of the token (gated
+            attention, chapter 19).
         device: where to create the parameters.
         dtype: the parameters' floating dtype.
         mixers: one entry per layer: a :class:`TokenMixer` that block ``i`` holds in place
@@ -245,6 +251,7 @@ class TinyGPT(nn.Module):
         *,
         rope: bool = False,
         rope_base: float = 10000.0,
+        output_gate: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         mixers: Sequence[nn.Module | None] | None = None,
@@ -279,7 +286,7 @@ class TinyGPT(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(d_model, num_heads, context_length, dropout,
                              attention_only=attention_only, rope=rope, rope_base=rope_base,
-                             mixer=mixer, **factory)
+                             output_gate=output_gate, mixer=mixer, **factory)
             for mixer in mixers
         )
         self.final_norm = nn.LayerNorm(d_model, **factory)

@@ -220,6 +220,7 @@ class _HeadedAttention(nn.Module):
         rope: bool = False,
         rope_base: float = 10000.0,
         sink: bool = False,
+        output_gate: bool = False,
     ):
         super().__init__()
         check_positive_int("d_in", d_in)
@@ -241,6 +242,8 @@ class _HeadedAttention(nn.Module):
             raise TypeError(f"rope must be a bool, got {type(rope).__name__}")
         if not isinstance(sink, bool):
             raise TypeError(f"sink must be a bool, got {type(sink).__name__}")
+        if not isinstance(output_gate, bool):
+            raise TypeError(f"output_gate must be a bool, got {type(output_gate).__name__}")
         rope_base = check_base(rope_base)
         if rope and (d_out // num_heads) % 2:
             raise ValueError(
@@ -266,6 +269,8 @@ class _HeadedAttention(nn.Module):
         self.out_proj = nn.Linear(d_out, d_out, **factory)
         # One learned sink logit per query head (chapter 13); starts at 0, a weight of exp(0).
         self.sink_logit = nn.Parameter(torch.zeros(num_heads, **factory)) if sink else None
+        # Gated attention (chapter 19): a sigmoid gate per head and feature, from the query's token.
+        self.W_gate = nn.Linear(d_in, d_out, bias=qkv_bias, **factory) if output_gate else None
         if causal and context_length is not None:
             self.register_buffer("mask", causal_mask(context_length, device=device),
                                  persistent=False)
@@ -449,6 +454,8 @@ class _HeadedAttention(nn.Module):
             )  # (..., num_heads, T, head_dim), (..., num_heads, T, T_k)
 
         context_vec = merge_heads(context_vec)  # (..., T, d_out)
+        if self.W_gate is not None:
+            context_vec = context_vec * torch.sigmoid(self.W_gate(x))  # (..., T, d_out)
         output = self.out_proj(context_vec)  # (..., T, d_out)
         return (output, attn_weights) if return_weights else output
 
@@ -476,6 +483,9 @@ class MultiHeadAttention(_HeadedAttention):
         sink: give each head a learned attention sink, ``sink_logit`` of shape
             ``(num_heads,)`` (starting at 0): one more term in each row's softmax
             denominator, so the weights sum to less than 1 (chapter 13).
+        output_gate: multiply each head's output, feature by feature, by
+            ``sigmoid(W_gate(x))`` before the output projection (gated attention, as in
+            Qwen3-Next; ``W_gate`` is ``(d_out, d_in)``, with a bias when ``qkv_bias``).
 
     Shapes:
         x ``(..., T, d_in)`` -> output ``(..., T, d_out)``, weights
@@ -490,7 +500,7 @@ class MultiHeadAttention(_HeadedAttention):
         ``forward(x, context=ctx)`` is cross-attention (a non-causal layer, chapter 12).
 
     Taught in chapter 7 (the KV cache in chapter 10; RoPE and cross-attention in chapter 12;
-    the sink in chapter 13).
+    the sink in chapter 13; the output gate in chapter 19).
     """
 
     def __init__(
@@ -509,10 +519,11 @@ class MultiHeadAttention(_HeadedAttention):
         rope: bool = False,
         rope_base: float = 10000.0,
         sink: bool = False,
+        output_gate: bool = False,
     ):
         super().__init__(
             d_in, d_out, num_heads, num_heads, context_length, dropout, qkv_bias, causal, backend,
-            device, dtype, rope, rope_base, sink,
+            device, dtype, rope, rope_base, sink, output_gate,
         )
 
 

@@ -27,4 +27,5 @@ from .ch15 import *  # noqa: F403
 from .ch16 import *  # noqa: F403
 from .ch17 import *  # noqa: F403
 from .ch18 import *  # noqa: F403
+from .ch19 import *  # noqa: F403
 from .feedback import ExerciseFailure as ExerciseFailure
