@@ -8,7 +8,6 @@ Each chapter's checkers live in their own module (``ch00`` … ``ch16``) and are
 re-exported here, so a notebook writes ``from attention_book.exercises import check_…``.
 """
 
-from .feedback import ExerciseFailure as ExerciseFailure
 from .ch00 import *  # noqa: F403
 from .ch01 import *  # noqa: F403
 from .ch02 import *  # noqa: F403
@@ -27,3 +26,5 @@ from .ch14 import *  # noqa: F403
 from .ch15 import *  # noqa: F403
 from .ch16 import *  # noqa: F403
 from .ch17 import *  # noqa: F403
+from .feedback import ExerciseFailure as ExerciseFailure
+from .feedback import hand_over as hand_over
