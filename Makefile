@@ -24,6 +24,7 @@ $(STAMP): $(BOOK_STAMP) requirements.txt pyproject.toml
 	$(if $(TORCH_INDEX_URL),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX_URL) \
 	    "$$(grep -m1 '^torch==' requirements.txt)")
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	tools/ensure_seccomp.sh $(BIN)/python
 	touch $(STAMP)
 
 # The website's JavaScript libraries (package.json, pinned by package-lock.json); the build
@@ -43,6 +44,7 @@ book: $(BOOK_STAMP) $(NODE_STAMP)
 ## cores (pytest-xdist; conftest.py decides which tests run together on one worker)
 test: $(STAMP) $(NODE_STAMP)
 	tools/ensure_chromium.sh
+	tools/ensure_seccomp.sh $(BIN)/python
 	$(BIN)/python -m pytest -n 2
 
 ## lab: JupyterLab on the repository, its file browser opened in practice/ (the chapters with
@@ -76,13 +78,17 @@ practice: $(STAMP)
 ## course: your nbgrader_config.py is kept and a chapter with submissions is left alone.
 ## autograde, feedback, grades: the course commands, e.g. ASSIGNMENT=02 (a chapter number or
 ## the assignment id) and STUDENT=alice (optional; several: STUDENT="alice bob"). autograde
-## grades each exercise in clean, sandboxed processes; grades writes grades.csv and
+## grades each exercise in clean, sandboxed processes, JOBS students at a time (default: the
+## number of cores); it refuses where the machine gives no kernel-enforced isolation unless
+## UNSAFE=1 (every grade of such a run is marked UNPROTECTED); grades writes grades.csv and
 ## exercises.csv
 COURSE_DIR ?=
 CHAPTERS ?=
 ASSIGNMENT ?=
 STUDENT ?=
 NEW ?=
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+UNSAFE ?=
 CLASSROOM = $(BIN)/python -m attention_book.classroom
 STUDENT_ARGS = $(foreach s,$(STUDENT),--student $(s))
 .PHONY: assignments autograde feedback grades
@@ -90,7 +96,9 @@ assignments: $(STAMP)
 	$(CLASSROOM) generate --course-dir "$(COURSE_DIR)" $(if $(strip $(NEW)),--new) $(if $(strip $(CHAPTERS)),--chapters $(CHAPTERS))
 
 autograde: $(STAMP)
-	$(CLASSROOM) autograde "$(ASSIGNMENT)" --course-dir "$(COURSE_DIR)" $(STUDENT_ARGS)
+	tools/ensure_seccomp.sh $(BIN)/python
+	$(CLASSROOM) autograde "$(ASSIGNMENT)" --course-dir "$(COURSE_DIR)" $(STUDENT_ARGS) \
+	    --jobs "$(JOBS)" $(if $(strip $(UNSAFE)),--unsafe-no-isolation)
 
 feedback: $(STAMP)
 	$(CLASSROOM) feedback "$(ASSIGNMENT)" --course-dir "$(COURSE_DIR)" $(STUDENT_ARGS)
@@ -99,7 +107,10 @@ grades: $(STAMP)
 	$(CLASSROOM) export --course-dir "$(COURSE_DIR)"
 
 ## test-gpu: the device tests on CUDA (not part of `make test`: CI has no GPU). Fails, with a
-## message, on a machine where PyTorch sees no CUDA device; never passes silently.
+## message, on a machine where PyTorch sees no CUDA device; never passes silently. It first
+## installs the project's requirements into .venv ($(STAMP): torch==2.13.0, PyPI's CUDA build
+## on Linux, and bertviz, which the picture tests need), so it runs on a fresh GPU machine. The
+## meta-device tests in it also hold on torch 2.5.1, the oldest release pyproject.toml allows.
 .PHONY: test-gpu
 test-gpu: $(STAMP)
 	@$(BIN)/python -c "import sys, torch; ok = torch.cuda.is_available(); \

@@ -215,3 +215,85 @@ def test_a_submission_waiting_in_the_exchange_counts(tmp_path):
     config.write_text(config.read_text() + f'c.Exchange.root = "{tmp_path / "exchange"}"\n')
     assert submissions_of(course, "02_dot_product_attention") == ["ann"]
     assert submissions_of(course, "04_scaling") == []
+
+
+# --------------------------------------------------------------------------- autograde's rules
+
+
+def _course(tmp_path: Path) -> Path:
+    """A course folder with one submission of chapter 02 (the release is not needed here)."""
+    course = tmp_path / "course"
+    write_course_config(course)
+    source = course / "source" / "02_dot_product_attention"
+    source.mkdir(parents=True)
+    (source / "02_dot_product_attention.ipynb").write_text(
+        (ROOT / "chapters" / "02_dot_product_attention.ipynb").read_text())
+    submitted = course / "submitted" / "ann" / "02_dot_product_attention"
+    submitted.mkdir(parents=True)
+    (submitted / "02_dot_product_attention.ipynb").write_text("{}")
+    return course
+
+
+def test_autograde_refuses_without_kernel_isolation_unless_told(tmp_path, monkeypatch):
+    from attention_book.classroom import grading, sandbox
+
+    course = _course(tmp_path)
+    monkeypatch.setattr(sandbox, "available_layers", lambda **kwargs: sandbox.Layers())
+    with pytest.raises(ValueError, match="--unsafe-no-isolation"):
+        grading.autograde(course, "02")
+    assert not (course / "grading" / "summary-02_dot_product_attention.csv").exists()
+
+
+def test_a_package_changed_after_an_unprotected_run_is_refused(tmp_path):
+    import json
+
+    from attention_book.classroom import grading, integrity
+
+    course = _course(tmp_path)
+    now = integrity.fingerprint()
+    assert integrity.changed_files(now, now) == []
+    record = course / "grading" / "package.json"
+    record.parent.mkdir(exist_ok=True)
+    old = {**now, "classroom/clean.py": "0" * 64}
+    record.write_text(json.dumps({"fingerprint": old, "protected": True}))
+    grading._check_package(course, now)  # after a protected run: your own update, accepted
+    record.write_text(json.dumps({"fingerprint": old, "protected": False}))
+    with pytest.raises(integrity.PackageChanged, match="classroom/clean.py"):
+        grading.autograde(course, "02")
+    with pytest.raises(integrity.PackageChanged, match="package.json"):
+        grading._check_package(course, now)
+
+
+def test_two_runs_on_one_course_wait_for_each_other(tmp_path):
+    import os
+    import time
+
+    from attention_book.classroom import grading
+
+    course = _course(tmp_path)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the first run
+        with grading._course_lock(course):
+            os.write(write, b"locked")
+            time.sleep(1.5)
+        os._exit(0)
+    assert os.read(read, 6) == b"locked"
+    start = time.monotonic()
+    with grading._course_lock(course):
+        waited = time.monotonic() - start
+    os.waitpid(pid, 0)
+    assert waited > 1.0
+
+
+def test_flags_are_written_whole_and_none_is_ever_dropped(tmp_path):
+    from attention_book.classroom import grading, read_flags
+
+    course = _course(tmp_path)
+    first = {"assignment": "a", "student": "ann", "exercise": "ch02-ex1", "flag": "one"}
+    known = grading._record_flags(course, [first])
+    (course / "grading" / "flags.json").write_text('{"flags": []}')  # as a cheat would
+    second = {**first, "flag": "two"}
+    grading._record_flags(course, [second], known)
+    assert {f["flag"] for f in read_flags(course)} == {"one", "two"}
+    assert [p.name for p in (course / "grading").iterdir() if p.name.startswith(".")] == []

@@ -29,13 +29,35 @@ The students (``../shared/reviews/classroom-trial-v2.md``):
   graded after them -> full marks; ``reader`` (reads the instructor notebook in ``source/``
   while graded) -> 0 on that exercise, flagged, and the flag survives a rerun with a clean
   notebook.
+
+The attacks of ``../shared/reviews/classroom-trial-v3.md`` that are about isolation, the
+grader's integrity and harm to other students, in chapter 02:
+
+- ``native_reader``: native reads below the audit hook (``torch.ops.aten.from_file`` of
+  ``honest_full``'s submitted notebook, ``/proc/<ppid>/cmdline``) and a native
+  ``TCPStore`` socket, each guarding a right answer -> 0, the socket flagged (the kernel
+  ended the answer's process);
+- ``mapper``: a scratch cell, run in nbgrader's feedback run, that maps the grader's own
+  source writable (``from_file(..., shared=True)``) and opens it for writing -> 0, nothing
+  changed, a "feedback run" flag;
+- ``poisoner``: an answer that sets the default dtype to float16, turns grad off and seeds
+  the generator; ``victim``, a right submission graded in the same run -> full marks.
+
+All of it runs twice: here, with every layer this machine gives (user namespaces on), and in
+:func:`test_without_user_namespaces_every_class_earns_zero_and_harms_nobody`, through the
+command line in a process under a seccomp filter that refuses user namespaces as Docker's
+default profile does, where only Landlock and the filter fence the files.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 import sysconfig
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -45,9 +67,11 @@ from attention_book.classroom import (
     autograde,
     build_assignments,
     chapter_number,
+    clean,
     exercise_of,
     exercise_scores,
     export_grades,
+    integrity,
     read_flags,
     summarise_exercises,
     write_feedback,
@@ -68,10 +92,30 @@ SCRATCH = [
     "import matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (4, 3)",
     "import torch\nfrom torch import nn\nimport torch.nn.functional as F\nimport math",
     "num_tokens, q, k, batch = 3, None, None, None",
+    "import tempfile, os\nwith open(os.path.join(tempfile.gettempdir(), 'notes.txt'), 'w') as f:\n"
+    "    f.write('scratch')",
 ]
 #: Chapter 02's students whose notebooks nbgrader re-runs for feedback (in the sandboxed kernel).
 FEEDBACK_RUN = ("honest_full", "crasher", "hanger", "metadata", "printer", "pth_writer",
-                "gradebook_writer", "after_writer")
+                "gradebook_writer", "after_writer", "mapper")
+#: Students whose feedback run must show a refusal (a flag of the "feedback run").
+REFUSED_IN_FEEDBACK = {"pth_writer", "gradebook_writer", "mapper"}
+GRADER_SOURCE = str(Path(clean.__file__).resolve())
+MAPPER = textwrap.dedent(f"""\
+    import torch
+    try:
+        torch.ops.aten.from_file({GRADER_SOURCE!r}, True, 16, dtype=torch.uint8)
+        print("MAPPED the grader")
+    except Exception as error:
+        print("mapping refused:", type(error).__name__)
+    try:
+        open({GRADER_SOURCE!r}, "r+b")
+        print("OPENED the grader")
+    except Exception as error:
+        print("opening refused:", type(error).__name__)
+    """)
+POISON = ("import torch\ntorch.set_default_dtype(torch.float16)\ntorch.set_grad_enabled(False)\n"
+          "torch.manual_seed(1234)\n")
 TRANSFORMER = ("get_ipython().input_transformers_post.append(lambda lines: ['pass\\n'] if any("
                "'check_' in line for line in lines) else lines)")
 KIT = ("def _setup(t, b):\n    t.allclose = lambda *a, **k: True\n    t.equal = lambda *a, **k: "
@@ -79,6 +123,40 @@ KIT = ("def _setup(t, b):\n    t.allclose = lambda *a, **k: True\n    t.equal = 
        "_setup(torch, print.__self__)")
 PTH = (f"with open({str(SITE / 'zz_grading_helper.pth')!r}, 'w') as handle:\n"
        "    handle.write('import sys; sys.stderr.write(\"cheat\")')")
+
+
+def _guarded(attack: str, solution: str) -> str:
+    """An answer that defines the right solution only if ``attack`` (an expression) works."""
+    return (f"import os\nimport torch\ntry:\n    _got = {attack}\nexcept BaseException:\n"
+            f"    _got = None\nif _got is not None:\n{textwrap.indent(solution, '    ')}\n")
+
+
+def _v3_students(course: Path, assignment: str, release: dict, exercises,
+                 right: dict[str, str], blank: dict[str, str]) -> dict:
+    """The trial-v3 students: ``{student: (notebook, plan, flagged exercises)}``."""
+    classmate = course / "submitted" / "honest_full" / assignment / f"{assignment}.ipynb"
+    attacks = [f"torch.ops.aten.from_file({str(classmate)!r}, False, 64, dtype=torch.uint8)",
+               "torch.ops.aten.from_file(f'/proc/{os.getppid()}/cmdline', False, 8, "
+               "dtype=torch.uint8)",
+               "torch.distributed.TCPStore('127.0.0.1', 0, 1, True, wait_for_workers=False)"]
+    native = dict(blank)
+    for exercise, attack in zip(exercises, attacks, strict=False):
+        native[exercise.answer_id] = _guarded(attack, exercise.solution)
+    first = exercises[0]
+    return {
+        "native_reader": (_notebook(release, native), "none", {exercises[2].exercise}),
+        "mapper": (_notebook(release, prepend=[MAPPER]), "none", set()),
+        "poisoner": (_notebook(release, {**blank, first.answer_id: POISON + blank[
+            first.answer_id]}), "none", set()),
+        "victim": (_notebook(release, right), "all", set()),
+    }
+
+
+def _printed(path: Path) -> str:
+    """Everything the cells of an autograded notebook printed (not their source)."""
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    return "".join(str(output.get("text", "")) + str(output.get("evalue", ""))
+                   for cell in notebook["cells"] for output in cell.get("outputs", []))
 
 
 def _cells_of(notebook, predicate):
@@ -130,6 +208,7 @@ def course(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def scenario(course):
+    fingerprint = integrity.fingerprint()
     expected, flagged = {}, set()
     for number, assignment in CHAPTERS.items():
         instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
@@ -178,6 +257,9 @@ def scenario(course):
                                                f"_KEY = open({str(source_path)!r}).read()\n"
                                                + reader_exercise.solution}), "all-but-first"),
             })
+            v3 = _v3_students(course, assignment, release, exercises, right, blank)
+            students.update({name: entry[:2] for name, entry in v3.items()})
+            flagged |= {(assignment, name, key) for name, entry in v3.items() for key in entry[2]}
         for student, (notebook, plan) in students.items():
             folder = course / "submitted" / student / assignment
             folder.mkdir(parents=True)
@@ -203,7 +285,8 @@ def scenario(course):
     feedback = write_feedback(course, "02")
     grades, by_exercise = export_grades(course)
     return {"expected": expected, "flagged": flagged, "reports": reports,
-            "feedback": feedback, "grades": grades, "exercises": by_exercise}
+            "feedback": feedback, "grades": grades, "exercises": by_exercise,
+            "fingerprint": fingerprint}
 
 
 def test_every_student_gets_exactly_the_expected_points(course, scenario):
@@ -233,7 +316,8 @@ def test_grades_csv_has_the_totals(scenario):
 
 def test_integrity_findings_are_flags_and_only_they_are(course, scenario):
     recorded = {(f["assignment"], f["student"], f["exercise"]) for f in read_flags(course)}
-    assert recorded == scenario["flagged"]
+    in_feedback = {(CHAPTERS["02"], student, "feedback run") for student in REFUSED_IN_FEEDBACK}
+    assert recorded == scenario["flagged"] | in_feedback
     for report in scenario["reports"].values():
         for grade in report.students:
             for exercise in grade.exercises:
@@ -253,8 +337,13 @@ def test_a_broken_submission_is_named_and_stops_nobody(scenario):
     assert report.isolated
 
 
-def test_nothing_was_written_outside_the_sandbox(course):
+def test_nothing_was_written_outside_the_sandbox(course, scenario):
     assert not (SITE / "zz_grading_helper.pth").exists()
+    assert integrity.changed_files(scenario["fingerprint"], integrity.fingerprint()) == []
+    assignment = CHAPTERS["02"]
+    mapper = _printed(course / "autograded" / "mapper" / assignment / f"{assignment}.ipynb")
+    assert "mapping refused" in mapper and "opening refused" in mapper
+    assert "MAPPED" not in mapper and "OPENED" not in mapper
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
@@ -342,3 +431,82 @@ def test_a_manual_score_written_while_grading_is_put_back_and_flagged(course, mo
         assert gradebook.find_grade(check, assignment, assignment, "cheater").manual_score is None
     assert any(f["student"] == "cheater" and f["exercise"] == "gradebook"
                for f in read_flags(course))
+
+
+def _graded_without_user_namespaces(course: Path, *args: str) -> subprocess.CompletedProcess:
+    """The command line, in a process whose seccomp filter refuses user namespaces (Docker)."""
+    code = ("import sys\nfrom attention_book.classroom.syscalls import refuse_user_namespaces\n"
+            "refuse_user_namespaces()\nfrom attention_book.classroom.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code, *args, "--course-dir", str(course)],
+                          capture_output=True, text=True, timeout=900, check=False,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+
+
+def test_without_user_namespaces_every_class_earns_zero_and_harms_nobody(tmp_path, monkeypatch):
+    """Trial v3 on a Docker-like hub: Landlock and the seccomp filter alone fence the files."""
+    assignment = CHAPTERS["02"]
+    course = tmp_path / "docker-course"
+    assert build_assignments(ROOT, course, ["02"], new=True).skipped == {}
+    instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
+    release = json.loads((course / "release" / assignment / f"{assignment}.ipynb").read_text())
+    exercises = code_exercises(instructor)
+    right = {e.answer_id: e.solution for e in exercises}
+    blank = blank_answers(instructor)
+    source_path = course / "source" / assignment / f"{assignment}.ipynb"
+    students = {
+        "honest_full": (_notebook(release, right, append=SCRATCH, prepend=SCRATCH[:2]), "all",
+                        set()),
+        "reader": (_notebook(release, {**right, exercises[0].answer_id:
+                                       f"_KEY = open({str(source_path)!r}).read()\n"
+                                       + exercises[0].solution}), "all-but-first",
+                   {exercises[0].exercise}),
+        **_v3_students(course, assignment, release, exercises, right, blank),
+    }
+    for student, (notebook, _, _) in students.items():
+        folder = course / "submitted" / student / assignment
+        folder.mkdir(parents=True)
+        (folder / f"{assignment}.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
+    fingerprint, source = integrity.fingerprint(), source_path.read_bytes()
+
+    run = _graded_without_user_namespaces(course, "autograde", "02", "--jobs", "2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    isolation = next(line for line in run.stdout.splitlines() if "isolation of this run" in line)
+    assert "Landlock ABI" in isolation and "seccomp" in isolation, isolation
+    assert "private file view" not in isolation and "UNPROTECTED" not in run.stdout
+
+    scores: dict = {}
+    for row in exercise_scores(course):
+        scores.setdefault(row["student"], {})[row["exercise"]] = row["score"]
+    for student, (_, plan, _) in students.items():
+        for index, exercise in enumerate(exercises):
+            earns = plan == "all" or (plan == "all-but-first" and index > 0)
+            assert scores[student][exercise.exercise] == (exercise.points if earns else 0.0), \
+                (student, exercise.exercise, scores[student])
+    recorded = {(f["student"], f["exercise"]) for f in read_flags(course)}
+    wanted = {(student, key) for student, (_, _, flags) in students.items() for key in flags}
+    # the reader's answer cell runs again in nbgrader's feedback run, and is refused there too
+    assert recorded == wanted | {("mapper", "feedback run"), ("reader", "feedback run")}, recorded
+    mapper = _printed(course / "autograded" / "mapper" / assignment / f"{assignment}.ipynb")
+    assert "mapping refused" in mapper and "MAPPED" not in mapper and "OPENED" not in mapper
+    assert integrity.changed_files(fingerprint, integrity.fingerprint()) == []
+    assert source_path.read_bytes() == source
+    with (course / "grading" / f"summary-{assignment}.csv").open(encoding="utf-8") as handle:
+        assert {row["isolation"] for row in csv.DictReader(handle)} == {isolation.split(": ", 1)[1]}
+
+    # The same machine without any kernel layer: autograde refuses unless told, and then
+    # marks every grade of the run UNPROTECTED, in the summary and in the export.
+    from attention_book.classroom import grading, sandbox
+
+    monkeypatch.setattr(sandbox, "available_layers", lambda **kwargs: sandbox.Layers())
+    with pytest.raises(ValueError, match="--unsafe-no-isolation"):
+        autograde(course, "02", ["victim"], feedback_run=False, limits=LIMITS)
+    report = autograde(course, "02", ["victim"], feedback_run=False, limits=LIMITS, unsafe=True)
+    assert not report.isolated and report.students[0].score == sum(e.points for e in exercises)
+    assert any("UNPROTECTED" in line for line in grading.autograde_summary(report))
+    _, by_exercise = export_grades(course)
+    with by_exercise.open(encoding="utf-8") as handle:
+        rows = [row for row in csv.DictReader(handle) if row["kind"] == "autograded"]
+    assert {row["student"] for row in rows if row["isolation"].startswith("UNPROTECTED")} == \
+        {"victim"}
+    assert all("Landlock" in row["isolation"] for row in rows if row["student"] != "victim")

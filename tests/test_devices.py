@@ -14,6 +14,7 @@ Two kinds of test:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -266,10 +267,39 @@ def test_checkers_accept_answers_that_come_back_on_another_device(device):
 # --------------------------------------------------------------------------- forgotten devices
 
 
+def _torch_optimizers_forget_the_device() -> bool:
+    """Whether this torch's own Adam creates its step counter on the default device.
+
+    Older releases (2.5 and 2.11 among them) do; then an optimizer step fails under a
+    ``meta`` default device whatever the package does, so the tests below let torch's
+    optimizers step on the CPU. Everything of the package still runs with ``meta``.
+    """
+    previous = torch.get_default_device()
+    parameter = torch.nn.Parameter(torch.ones(1, device="cpu"))
+    parameter.grad = torch.ones(1, device="cpu")
+    torch.set_default_device("meta")
+    try:
+        torch.optim.Adam([parameter]).step()
+        return False
+    except RuntimeError:
+        return True
+    finally:
+        torch.set_default_device(previous)
+
+
 @pytest.fixture
-def default_device_meta():
+def default_device_meta(monkeypatch):
     """Make torch's default device ``meta`` for the duration of a test."""
     previous = torch.get_default_device()
+    if _torch_optimizers_forget_the_device():
+        for optimizer in (torch.optim.Adam, torch.optim.AdamW):
+            step = optimizer.step
+
+            def step_on_the_cpu(self, *args, _step=step, **kwargs):
+                with torch.device("cpu"):
+                    return _step(self, *args, **kwargs)
+
+            monkeypatch.setattr(optimizer, "step", step_on_the_cpu)
     torch.set_default_device("meta")
     yield
     torch.set_default_device(previous)
@@ -362,3 +392,114 @@ def test_no_factory_in_the_model_or_the_head_tools_forgets_the_device(default_de
     cache = ab.KVCache(4)
     with torch.no_grad():
         _same_place(block(torch.ones(1, 2, 8, device=cpu), kv_cache=cache), cpu, torch.float32)
+
+
+# --------------------------------------------------------------------------- partial attention
+# and attention across ranks (issue 35: the masks and positions of distributed were built on
+# the CPU whatever the inputs' device; these tests cover it on a device and, without a GPU,
+# with factories that forget the device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_partial_attention_and_the_simulated_ring_follow_their_inputs(device, dtype):
+    from attention_book.distributed import simulate_ring_attention
+    from attention_book.flash import merge_partials, partial_attention
+
+    query = _randn(1, 4, 16, 8, device=device, dtype=dtype, seed=9)
+    key, value = (_randn(1, 2, 16, 8, device=device, dtype=dtype, seed=s) for s in (10, 11))
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), key.double(), value.double(), is_causal=True, enable_gqa=True)
+    positions = torch.arange(16, device=device)
+    first = partial_attention(query, key[..., :9, :], value[..., :9, :], is_causal=True,
+                              query_positions=positions, key_positions=positions[:9])
+    second = partial_attention(query, key[..., 9:, :], value[..., 9:, :], is_causal=True,
+                               query_positions=positions, key_positions=positions[9:])
+    output, lse = merge_partials(*first, *second)
+    _same_place(lse, device, torch.float64 if dtype == torch.float64 else torch.float32)
+    _close(output, reference, dtype)
+    for layout in ("contiguous", "zigzag"):
+        ring = simulate_ring_attention(query, key, value, 4, is_causal=True, layout=layout)
+        _same_place(ring, device, dtype)
+        _close(ring, reference, dtype)
+
+
+@contextlib.contextmanager
+def _factories_on_meta():
+    """Torch's default device is ``meta`` inside the block (the fixture above, as a block)."""
+    previous = torch.get_default_device()
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(previous)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of this process alone, so the per-rank functions run here."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_no_factory_in_distributed_forgets_the_device(one_rank_group):
+    from attention_book import distributed
+    from attention_book.flash import add_sink, merge_partials, partial_attention
+
+    cpu = torch.device("cpu")
+    query = torch.linspace(-2, 2, 1 * 4 * 8 * 4).reshape(1, 4, 8, 4)  # (B, H, T, d)
+    key, value = query[:, :2].flip(-2), query[:, 2:].cos()  # (B, H_kv, T, d): grouped heads
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True,
+                                                                enable_gqa=True)
+    grad_output = torch.ones_like(expected)
+    with _factories_on_meta():
+        for world_size in (2, 4):
+            for layout in distributed.LAYOUTS:
+                output = distributed.simulate_ring_attention(query, key, value, world_size,
+                                                             is_causal=True, layout=layout)
+                _same_place(output, cpu, torch.float32)
+                torch.testing.assert_close(output, expected)
+                pieces = [distributed.shard(query, world_size, r, layout) for r in range(world_size)]
+                assert torch.equal(distributed.unshard(pieces, layout), query)
+        # The per-rank functions, called directly on the shards of a group of one rank; zig-zag
+        # cuts even one rank's shard into two chunks, so the causal masks are built too.
+        for method, layout in ((distributed.ring_attention, "zigzag"),
+                               (distributed.allgather_kv_attention, "zigzag"),
+                               (distributed.ulysses_attention, None)):
+            leaves = [t.clone().requires_grad_() for t in (query, key, value)]
+            kwargs = {} if layout is None else {"layout": layout}
+            output = method(*leaves, is_causal=True, **kwargs)
+            _same_place(output, cpu, torch.float32)
+            torch.testing.assert_close(output, expected)
+            output.backward(grad_output)
+            for leaf in leaves:
+                _same_place(leaf.grad, cpu, torch.float32)
+        out, lse = partial_attention(query, key, value, is_causal=True, window=3)
+        _same_place(merge_partials(out, lse, out, lse)[0], cpu, torch.float32)
+        _same_place(add_sink(out, lse, 0.5)[0], cpu, torch.float32)
+
+
+def test_no_factory_in_the_masks_positions_and_tasks_forgets_the_device(default_device_meta):
+    from attention_book.repeat_task import repeat_loss
+
+    cpu = torch.device("cpu")
+    scores = torch.zeros(2, 4, 6, 6, device=cpu)
+    rules = [ab.mods.causal, ab.mods.sliding_window(3), ab.mods.prefix_lm(2),
+             ab.mods.padding(torch.tensor([6, 4], device=cpu)),
+             ab.mods.document(torch.tensor([0, 0, 0, 1, 1, 1], device=cpu))]
+    for rule in rules:
+        _same_place(ab.mods.materialize(rule, 2, 4, 6, device=cpu), cpu, torch.bool)
+    for score_mod in (ab.mods.soft_cap(5.0), ab.mods.alibi(4, device=cpu)):
+        _same_place(ab.mods.apply_score_mod(scores, score_mod), cpu, torch.float32)
+    x = torch.ones(2, 4, 6, 8, device=cpu)
+    _same_place(ab.rotary_embedding(x), cpu, torch.float32)
+    _same_place(ab.rotary_embedding(x, positions=torch.arange(6, device=cpu)), cpu, torch.float32)
+    _same_place(ab.alibi_slopes(4, device=cpu), cpu, torch.float32)
+    _same_place(ab.alibi_bias(4, 6, device=cpu), cpu, torch.float32)
+    torch.manual_seed(0)
+    model = ab.TinyGPT(16, 16, 2, 2, 16, device=cpu)
+    batch = repeated_segments(4, 16, 4, 16, generator=torch.Generator().manual_seed(1), device=cpu)
+    with torch.no_grad():
+        assert math.isfinite(float(repeat_loss(model(batch.tokens), batch)))

@@ -49,6 +49,12 @@ def _inputs(seed: int = 0, heads: int = H, seq_len: int = T):
     return query, key, value, grad_output
 
 
+def _low_precision_inputs(seq_len: int = 256):
+    """bfloat16 queries, keys and values of (1, 4, seq_len, 32), scores of order 1 to 10."""
+    generator = torch.Generator().manual_seed(7)
+    return tuple(torch.randn(1, 4, seq_len, 32, generator=generator).bfloat16() for _ in range(3))
+
+
 def _cases():
     """(name, case) for every method, layout, mask and grouping, then the bad inputs."""
     query, key, value, grad_output = _inputs()
@@ -62,6 +68,21 @@ def _cases():
                     name = f"{method}-{layout}-{'causal' if is_causal else 'full'}-P{partition}"
                     cases.append((name, AttentionCase(method, query, key, value, is_causal,
                                                       layout, grad_output, subgroups)))
+    # Grouped key/value heads: 12 query heads share 4 key/value heads (3 each).
+    for method in ("allgather", "ring", "ulysses"):
+        for layout in LAYOUTS:
+            if method == "ulysses" and layout == "zigzag":
+                continue
+            cases.append((f"{method}-{layout}-causal-P4-gqa",
+                          AttentionCase(method, query, key[:, :4], value[:, :4], True, layout,
+                                        grad_output)))
+    # 16-bit inputs, forward only: the error of the ring at P = 4 and P = 2 (issue 35).
+    low_q, low_k, low_v = _low_precision_inputs()
+    for partition in (4, 2):
+        for layout in LAYOUTS:
+            cases.append((f"bf16-ring-{layout}-causal-P{partition}",
+                          AttentionCase("ring", low_q, low_k, low_v, True, layout, None,
+                                        PARTITIONS[partition])))
     q6, k6, v6, _ = _inputs(heads=6)
     q10, k10, v10, _ = _inputs(seq_len=10)
     q12, k12, v12, _ = _inputs(seq_len=12)
@@ -70,6 +91,8 @@ def _cases():
         ("error-uneven", AttentionCase("ring", q10, k10, v10, True)),
         ("error-zigzag", AttentionCase("allgather", q12, k12, v12, True, "zigzag")),
         ("error-dtype", AttentionCase("ring", query, key.float(), value)),
+        ("error-kv-heads", AttentionCase("allgather", query, key[:, :5], value[:, :5])),
+        ("error-ulysses-kv-heads", AttentionCase("ulysses", query, key[:, :2], value[:, :2])),
     ]
     return cases
 
@@ -81,7 +104,11 @@ ERRORS = {
                     "divisible by world_size = 4",
     "error-zigzag": "2 * world_size = 8 chunks, but T = 12 is not divisible by 8",
     "error-dtype": "must share a dtype",
+    "error-kv-heads": "must share B and T, and key and value their H_kv heads, which must divide "
+                      "the H query heads",
+    "error-ulysses-kv-heads": "the 2 key/value heads must be divisible by world_size (4)",
 }
+_CHECKED = [i for i, (name, _) in enumerate(CASES) if not name.startswith(("error", "bf16"))]
 
 
 @pytest.fixture(scope="module")
@@ -103,19 +130,23 @@ def _groups(results, index):
 
 def _reference(case):
     query, key, value = (t.clone().requires_grad_() for t in (case.query, case.key, case.value))
-    output = F.scaled_dot_product_attention(query, key, value, is_causal=case.is_causal)
+    output = F.scaled_dot_product_attention(query, key, value, is_causal=case.is_causal,
+                                            enable_gqa=True)
     output.backward(case.grad_output)
     return output.detach(), (query.grad, key.grad, value.grad)
 
 
 def _shard_bytes(case, world_size):
-    """Bytes of one rank's shard of the keys, and of the values."""
+    """Bytes of one rank's shard of the queries, keys, values and output."""
     local = case.query.size(2) // world_size
-    per_position = case.query.size(0) * case.query.size(1) * case.query.element_size()
-    return local * per_position * D, local * per_position * D_V
+
+    def per_shard(tensor, features):
+        return tensor.size(0) * tensor.size(1) * local * features * tensor.element_size()
+    return (per_shard(case.query, D), per_shard(case.key, D), per_shard(case.value, D_V),
+            per_shard(case.query, D_V))
 
 
-def _expected_bytes(method, world_size, key_bytes, value_bytes):
+def _expected_bytes(method, world_size, query_bytes, key_bytes, value_bytes, out_bytes):
     """(forward, backward) bytes each rank sends, by the formulas of chapter 17."""
     p = world_size
     if method == "allgather":  # keys and values to P - 1 ranks; back: a reduce-scatter
@@ -124,14 +155,11 @@ def _expected_bytes(method, world_size, key_bytes, value_bytes):
         kv = key_bytes + value_bytes
         return (p - 1) * kv, ((p - 1) * kv + p * kv if p > 1 else 0)  # P = 1: nothing moves
     # Ulysses: (P - 1) / P of q, k, v and the output; back: the same for their gradients
-    query_bytes, out_bytes = key_bytes, value_bytes
     total = query_bytes + key_bytes + value_bytes + out_bytes
     return (p - 1) * total // p, (p - 1) * total // p
 
 
-@pytest.mark.parametrize("index", [i for i, (name, _) in enumerate(CASES)
-                                   if not name.startswith("error")],
-                         ids=[name for name, _ in CASES if not name.startswith("error")])
+@pytest.mark.parametrize("index", _CHECKED, ids=[CASES[i][0] for i in _CHECKED])
 def test_each_method_equals_whole_sequence_attention(four_ranks, index):
     results, _ = four_ranks
     name, case = CASES[index]
@@ -152,16 +180,14 @@ def test_each_method_equals_whole_sequence_attention(four_ranks, index):
             assert (grad - expected_grads[which]).abs().max() < TOLERANCE, (name, which)
 
 
-@pytest.mark.parametrize("index", [i for i, (name, _) in enumerate(CASES)
-                                   if not name.startswith("error")],
-                         ids=[name for name, _ in CASES if not name.startswith("error")])
+@pytest.mark.parametrize("index", _CHECKED, ids=[CASES[i][0] for i in _CHECKED])
 def test_bytes_and_work_per_rank_follow_the_formulas(four_ranks, index):
     results, _ = four_ranks
     _, case = CASES[index]
     for members in _groups(results, index):
         world_size = len(members)
-        key_bytes, value_bytes = _shard_bytes(case, world_size)
-        forward, backward = _expected_bytes(case.method, world_size, key_bytes, value_bytes)
+        forward, backward = _expected_bytes(case.method, world_size,
+                                            *_shard_bytes(case, world_size))
         for result in members:
             assert result.forward.bytes_sent == result.forward.bytes_received == forward
             assert result.backward.bytes_sent == result.backward.bytes_received == backward
@@ -198,6 +224,51 @@ def test_bad_inputs_are_reported_on_every_rank(four_ranks, name):
     index = next(i for i, (case_name, _) in enumerate(CASES) if case_name == name)
     errors = [rank_results[index].error for rank_results in results]
     assert len(set(errors)) == 1 and ERRORS[name] in errors[0], errors
+
+
+def _fused_error(query, key, value):
+    """The error of PyTorch's fused kernel in the inputs' dtype against float64 attention."""
+    reference = F.scaled_dot_product_attention(query.double(), key.double(), value.double(),
+                                               is_causal=True)
+    fused = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+    return reference, (fused.double() - reference).abs().max()
+
+
+@pytest.mark.parametrize("name", [name for name, _ in CASES if name.startswith("bf16")])
+def test_the_ring_on_real_ranks_keeps_its_bfloat16_error_near_the_fused_kernels(four_ranks,
+                                                                                  name):
+    """Issue 35: the running output and log-sum-exp stay float32, so the ring's bfloat16 error
+    does not grow with the ranks: within twice that of F.scaled_dot_product_attention."""
+    results, _ = four_ranks
+    index = next(i for i, (case_name, _) in enumerate(CASES) if case_name == name)
+    case = CASES[index][1]
+    reference, fused_error = _fused_error(case.query, case.key, case.value)
+    for members in _groups(results, index):
+        output = unshard([result.output for result in members], case.layout)
+        assert output.dtype == torch.bfloat16
+        assert (output.double() - reference).abs().max() <= 2 * fused_error, name
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_simulated_ring_keeps_its_bfloat16_error_near_the_fused_kernels(world_size, layout):
+    query, key, value = _low_precision_inputs()
+    reference, fused_error = _fused_error(query, key, value)
+    output = simulate_ring_attention(query, key, value, world_size, is_causal=True, layout=layout)
+    assert output.dtype == torch.bfloat16
+    assert (output.double() - reference).abs().max() <= 2 * fused_error
+
+
+def test_the_simulated_ring_takes_grouped_key_value_heads_or_says_why_not():
+    query, key, value, _ = _inputs()
+    for kv_heads in (1, 4, 6):
+        expected = F.scaled_dot_product_attention(query, key[:, :kv_heads], value[:, :kv_heads],
+                                                  is_causal=True, enable_gqa=True)
+        output = simulate_ring_attention(query, key[:, :kv_heads], value[:, :kv_heads], 4,
+                                         is_causal=True, layout="zigzag")
+        assert (output - expected).abs().max() < TOLERANCE
+    with pytest.raises(ValueError, match=ERRORS["error-kv-heads"]):
+        simulate_ring_attention(query, key[:, :5], value[:, :5], 2)
 
 
 def test_one_start_of_four_ranks_is_fast_enough(four_ranks):
@@ -282,7 +353,7 @@ def test_functions_the_ranks_cannot_import_are_refused_before_anything_starts():
 
 
 def test_a_result_that_cannot_be_pickled_becomes_an_error_outcome():
-    from attention_book.distributed import _outcome_bytes
+    from attention_book.distributed.launch import _outcome_bytes
 
     data, ok = _outcome_bytes(("ok", lambda: None))
     status = pickle.loads(data)

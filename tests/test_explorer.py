@@ -1,4 +1,4 @@
-"""attention_book.viz.explore, driven from Python as a reader drives it in JupyterLab.
+"""attention_book.explorer.explore, driven from Python as a reader drives it in JupyterLab.
 
 Each test sets the widgets' values (the text box, the layer slider, the head and token menus,
 the picture switch), which runs the same callbacks as a click in the browser, and compares
@@ -24,9 +24,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attention_book import explorer as explorer_module  # noqa: E402
-from attention_book.explorer import DEFAULT_SENTENCE  # noqa: E402
+from attention_book.explorer import DEFAULT_SENTENCE, explore  # noqa: E402
 from attention_book.pretrained import load_pretrained  # noqa: E402
-from attention_book.viz import explore  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -391,7 +390,7 @@ def test_in_a_kernel_the_widget_is_live_and_answers_the_front_end(reference):
 
     manager, client = start_new_kernel(kernel_name="python3")
     try:
-        messages = _run_cell(client, "from attention_book.viz import explore\nexplorer = explore()\n"
+        messages = _run_cell(client, "from attention_book.explorer import explore\nexplorer = explore()\n"
                                      "explorer", allow_stdin=True)
         kinds = [m["msg_type"] for m in messages]
         assert "error" not in kinds and "stream" not in kinds, messages

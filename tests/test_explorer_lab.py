@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-CELL = "from attention_book.viz import explore\nexplorer = explore()\nexplorer"
+CELL = "from attention_book.explorer import explore\nexplorer = explore()\nexplorer"
 
 
 def _free_port() -> int:

@@ -1,4 +1,5 @@
-"""Tests for attention_book.flash: the online softmax and tiled (FlashAttention-style) attention."""
+"""Tests for attention_book.flash: the online softmax, partial attention and its one merge, and
+tiled (FlashAttention-style) attention."""
 
 from __future__ import annotations
 
@@ -9,13 +10,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attention_book import causal_mask, scaled_dot_product_attention, softmax
+from attention_book import causal_mask, flash, scaled_dot_product_attention, softmax
+from attention_book.attention import softmax_with_sink
 from attention_book.flash import (
     DIAGONAL,
     FULL,
     SKIPPED,
+    accumulation_dtype,
+    add_sink,
+    empty_partial,
+    merge_partials,
     online_softmax,
     online_softmax_update,
+    partial_attention,
     tile_plan,
     tiled_attention,
 )
@@ -257,3 +264,216 @@ def test_tile_plan_rejects_bad_sizes():
         tile_plan(4, 4, 0)
     with pytest.raises(ValueError, match="num_keys must be >= 0"):
         tile_plan(4, -1, 2)
+
+
+# ---------------------------------------------------------------- the partial-attention primitive
+
+
+def _positions_mask(query_positions, key_positions, window=None):
+    """True where a query may see a key: key_pos <= query_pos (and within the window)."""
+    distance = query_positions[:, None] - key_positions[None, :]
+    allowed = distance >= 0
+    return allowed if window is None else allowed & (distance < window)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_partial_attention_is_attention_over_its_block_masked_by_positions(window):
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(2, 3, n, 4, dtype=torch.float64) for n in (5, 7, 7))
+    value = value[..., :3]  # d_v = 3
+    # Scattered positions, as a zig-zag shard holds them.
+    query_positions, key_positions = torch.tensor([0, 1, 12, 13, 14]), torch.arange(4, 11)
+    output, lse = partial_attention(query, key, value, query_positions=query_positions,
+                                    key_positions=key_positions, is_causal=True, window=window)
+    allowed = _positions_mask(query_positions, key_positions, window)
+    scores = (query @ key.transpose(-2, -1) / 2).masked_fill(~allowed, float("-inf"))
+    expected_lse = torch.logsumexp(scores, dim=-1)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(expected_lse))
+    seen = ~torch.isneginf(expected_lse)
+    torch.testing.assert_close(lse[seen], expected_lse[seen], rtol=0, atol=1e-12)
+    expected = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ value
+    torch.testing.assert_close(output, expected, rtol=0, atol=1e-12)
+    # Queries 0 and 1 see no key of the block: output 0 and LSE -inf, never NaN.
+    assert torch.equal(output[..., :2, :], torch.zeros(2, 3, 2, 3, dtype=torch.float64))
+    assert bool(torch.isneginf(lse[..., :2]).all())
+
+
+def test_partial_attention_without_positions_is_bottom_right_causal():
+    query, key, value = _qkv((2, 3), 4, 9, d_k=8, d_v=5)
+    output, lse = partial_attention(query, key, value, is_causal=True)
+    torch.testing.assert_close(output, _reference(query, key, value, True), atol=1e-6, rtol=0)
+    scores = (query @ key.transpose(-2, -1) / 8**0.5).masked_fill(~causal_mask(4, 9), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1))
+    empty_out, empty_lse = partial_attention(query, key[..., :0, :], value[..., :0, :])
+    assert torch.equal(empty_out, torch.zeros(2, 3, 4, 5)) and bool(torch.isneginf(empty_lse).all())
+
+
+def test_partial_attention_groups_key_value_heads():
+    torch.manual_seed(1)
+    query, key, value = torch.randn(2, 6, 5, 4), torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7, 3)
+    output, lse = partial_attention(query, key, value, is_causal=True)
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=causal_mask(5, 7),
+                                              enable_gqa=True)
+    torch.testing.assert_close(output, expected, atol=1e-6, rtol=0)
+    assert lse.shape == (2, 6, 5)
+    with pytest.raises(ValueError, match="query has 6 heads .* and key and value 4"):
+        partial_attention(query, torch.randn(2, 4, 7, 4), torch.randn(2, 4, 7, 3))
+
+
+@settings(max_examples=30, deadline=None)
+@given(num_keys=st.integers(0, 12), cut=st.integers(0, 12), is_causal=st.booleans(),
+       seed=st.integers(0, 10_000))
+def test_merging_two_parts_gives_attention_over_both(num_keys, cut, is_causal, seed):
+    """Any split of the keys, parts empty or fully masked included, merges back exactly."""
+    cut = min(cut, num_keys)
+    generator = torch.Generator().manual_seed(seed)
+    query = 3 * torch.randn(2, 5, 4, generator=generator, dtype=torch.float64)
+    key = 3 * torch.randn(2, num_keys, 4, generator=generator, dtype=torch.float64)
+    value = torch.randn(2, num_keys, 3, generator=generator, dtype=torch.float64)
+    query_positions, key_positions = torch.arange(3, 8), torch.arange(num_keys)
+    whole = partial_attention(query, key, value, query_positions=query_positions,
+                              key_positions=key_positions, is_causal=is_causal)
+    parts = [partial_attention(query, key[:, piece], value[:, piece],
+                               query_positions=query_positions, key_positions=key_positions[piece],
+                               is_causal=is_causal)
+             for piece in (slice(0, cut), slice(cut, num_keys))]
+    merged = merge_partials(*parts[0], *parts[1])
+    torch.testing.assert_close(merged[0], whole[0], rtol=0, atol=1e-12)
+    assert torch.equal(torch.isneginf(merged[1]), torch.isneginf(whole[1]))
+    torch.testing.assert_close(merged[1].nan_to_num(neginf=0.0), whole[1].nan_to_num(neginf=0.0),
+                               rtol=0, atol=1e-12)
+    assert not merged[0].isnan().any()
+
+
+def test_the_empty_partial_is_the_identity_of_the_merge():
+    torch.manual_seed(2)
+    output, lse = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5) * 10
+    lse[0, 0, 0] = float("-inf")
+    output[0, 0, 0] = 0.0
+    empty = empty_partial(torch.zeros(2, 3, 5, 7), 4)
+    for merged in (merge_partials(*empty, output, lse), merge_partials(output, lse, *empty)):
+        assert torch.equal(merged[0], output) and torch.equal(merged[1], lse)
+
+
+def test_merging_is_nan_free_in_the_backward_pass_too():
+    output = torch.randn(3, 2)
+    output[0] = 0.0  # a row that saw no key has output 0, as partial_attention gives it
+    output.requires_grad_()
+    lse = torch.tensor([float("-inf"), 0.5, float("-inf")], requires_grad=True)
+    other_lse = torch.tensor([float("-inf"), float("-inf"), 1.0], requires_grad=True)
+    merged, merged_lse = merge_partials(output, lse, torch.ones(3, 2), other_lse)
+    assert torch.isneginf(merged_lse[0]) and torch.equal(merged[0], torch.zeros(2))
+    (merged.sum() + merged_lse[1:].sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in (output, lse, other_lse))
+
+
+def test_merge_partials_checks_its_inputs():
+    with pytest.raises(ValueError, match=r"output_a \(3, 2\), lse_a \(4,\)"):
+        merge_partials(torch.zeros(3, 2), torch.zeros(4), torch.zeros(3, 2), torch.zeros(4))
+    with pytest.raises(TypeError, match="lse_b must be a floating-point tensor"):
+        merge_partials(torch.zeros(3, 2), torch.zeros(3), torch.zeros(3, 2),
+                       torch.zeros(3, dtype=torch.long))
+
+
+def test_a_sink_is_one_more_part_with_output_zero():
+    torch.manual_seed(3)
+    output, lse = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4)
+    sinks = torch.tensor([0.5, -1.0, 2.0])
+    gated, new_lse = add_sink(output, lse, sinks)
+    torch.testing.assert_close(gated, output * torch.sigmoid(lse - sinks[:, None])[..., None])
+    torch.testing.assert_close(new_lse, torch.logaddexp(lse, sinks[:, None].expand(2, 3, 4)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sixteen_bit_inputs_accumulate_in_float32(dtype):
+    """Partial results are float32; tiled attention returns the inputs' dtype, and its error
+    against float64 stays within twice that of PyTorch's fused kernel in the same dtype."""
+    torch.manual_seed(4)
+    query, key, value = (torch.randn(1, 4, 256, 64).to(dtype) for _ in range(3))
+    output, lse = partial_attention(query, key, value)
+    assert output.dtype == lse.dtype == torch.float32 == accumulation_dtype(dtype)
+    assert merge_partials(output, lse, output, lse)[0].dtype == torch.float32
+    assert merge_partials(output.to(dtype), lse, output.to(dtype), lse)[0].dtype == dtype
+    assert accumulation_dtype(torch.float64) == torch.float64
+    reference = F.scaled_dot_product_attention(query.double(), key.double(), value.double(),
+                                               is_causal=True)
+    fused = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+    tiled = tiled_attention(query, key, value, block_size=32, is_causal=True)
+    assert tiled.dtype == dtype
+    fused_error = (fused.double() - reference).abs().max()
+    assert (tiled.double() - reference).abs().max() <= 2 * fused_error
+
+
+# ---------------------------------------------------------------- one merge for every algorithm
+
+
+def _count_merges(monkeypatch, module):
+    """Wrap the ``merge_partials`` that ``module`` calls; return the list its calls append to."""
+    calls = []
+    merge = flash.merge_partials
+    assert module.merge_partials is merge  # the one merge, imported
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return merge(*args)
+
+    monkeypatch.setattr(module, "merge_partials", counting)
+    return calls
+
+
+def test_tiled_attention_and_the_sinks_call_the_one_merge(monkeypatch):
+    calls = _count_merges(monkeypatch, flash)
+    query, key, value = _qkv((1, 2), 40, 40, d_k=4, d_v=4)
+    expected = _reference(query, key, value, True)
+    torch.testing.assert_close(tiled_attention(query, key, value, block_size=16, is_causal=True),
+                               expected, atol=1e-5, rtol=0)
+    assert len(calls) == int((tile_plan(40, 40, 16, is_causal=True) != SKIPPED).sum()) == 6
+    calls.clear()
+    tiled_attention(query, key, value, block_size=16, is_causal=True, sink_logit=0.5)
+    assert len(calls) == 6 + 1  # the tiles, then the sink
+    calls.clear()
+    softmax_with_sink(torch.randn(3, 5), 0.2)
+    assert len(calls) == 1
+
+
+def test_the_ring_the_all_gather_and_ulysses_call_the_one_merge(monkeypatch):
+    """Every context-parallel algorithm (forward: the simulator, and the per-rank functions on
+    a group of one rank) merges its tiles with flash.merge_partials and has no merge of its own."""
+    import torch.distributed as dist
+
+    from attention_book.distributed import algorithms
+
+    calls = _count_merges(monkeypatch, algorithms)
+    torch.manual_seed(5)
+    query, key, value = (torch.randn(1, 2, 8, 4, dtype=torch.float64) for _ in range(3))
+    expected = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+    output = algorithms.simulate_ring_attention(query, key, value, 2, is_causal=True,
+                                                layout="zigzag")
+    torch.testing.assert_close(output, expected, rtol=0, atol=1e-12)
+    # zig-zag: every rank computes 2P + 1 = 5 tiles of a chunk against a chunk (chapter 17)
+    assert len(calls) == 2 * 5
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for method in (algorithms.ring_attention, algorithms.allgather_kv_attention,
+                       algorithms.ulysses_attention):
+            calls.clear()
+            torch.testing.assert_close(method(query, key, value, is_causal=True), expected,
+                                       rtol=0, atol=1e-12)
+            assert len(calls) == 1, method.__name__  # one rank, one tile
+    finally:
+        dist.destroy_process_group()
+
+
+def test_no_other_module_merges_partial_results():
+    """logaddexp, the merge's heart, appears in flash.py only (the chapter-17 checkers build
+    deliberately broken rings by hand, and are the one exception)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(flash.__file__).parent
+    users = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "logaddexp":
+                users.append(path.relative_to(package).as_posix())
+    assert sorted(set(users)) == ["exercises/ch17.py"]

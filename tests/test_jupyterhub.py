@@ -399,7 +399,10 @@ def test_a_course_on_jupyterhub():
                             str(course), cwd=course, env=env)
         assert "checksum" not in graded.stdout
         assert f"{student_b}: " in graded.stdout and "FLAG" in graded.stdout
-        assert "no private file view" not in graded.stdout  # the answers ran in the jail
+        isolation = next(line for line in graded.stdout.splitlines()
+                         if "isolation of this run" in line)  # every layer, as the instructor
+        assert "private file view" in isolation and "Landlock ABI" in isolation, isolation
+        assert "seccomp filter" in isolation and "UNPROTECTED" not in graded.stdout
         # The book's config adds its feedback preprocessor: plain nbgrader does the rest.
         hub.run_as(instructor, str(python), "-m", "nbgrader", "generate_feedback", assignment,
                    cwd=course, env=env)

@@ -2,7 +2,9 @@
 
 The functional core (``softmax``, ``scaled_dot_product_attention``,
 ``causal_mask``, ``padding_mask``) is built in chapters 2-6 and the layers
-(``SelfAttention`` … ``GroupedQueryAttention``) in chapters 3-7; positions
+(``SelfAttention`` … ``GroupedQueryAttention``) in chapters 3-7; attention over
+part of the keys and the merge of two parts (``partial_attention``, ``merge_partials``),
+the online softmax and tiling (``tiled_attention``) in chapter 10; positions
 inside attention (``rotary_embedding``, ``alibi_bias``) in chapter 12; sliding
 windows, attention sinks (``sliding_window_mask``, ``softmax_with_sink``) and masks
 as rules (``mods``) in chapter 13; multi-head latent attention
@@ -26,7 +28,14 @@ from .attention import (
     softmax_with_sink,
 )
 from .diagnose import DiagnosisReport, diagnose
-from .flash import online_softmax, online_softmax_update, tile_plan, tiled_attention
+from .flash import (
+    merge_partials,
+    online_softmax,
+    online_softmax_update,
+    partial_attention,
+    tile_plan,
+    tiled_attention,
+)
 from .heads import (
     HeadReport,
     ablate_heads,
@@ -75,6 +84,8 @@ __all__ = [
     "MultiHeadLatentAttention",
     "online_softmax",
     "online_softmax_update",
+    "partial_attention",
+    "merge_partials",
     "tile_plan",
     "tiled_attention",
     "KVCache",

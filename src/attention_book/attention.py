@@ -1,8 +1,9 @@
 """The functional core: softmax, scaled dot-product attention and masks.
 
-This module imports nothing else from ``attention_book``: the modules, the
-pictures and the checkers are all built on top of it. Chapter 13 adds the
-sliding-window mask and the softmax with an attention sink.
+This module imports only the argument checks and, for the attention sink of
+chapter 13, the partial-attention merge of :mod:`attention_book.flash`: the
+modules, the pictures and the checkers are all built on top of it. Chapter 13
+adds the sliding-window mask and the softmax with an attention sink.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from .checks import check_mask, check_positive_int, check_qkv, require_float
+from .flash import add_sink, shifted_exp
 
 __all__ = [
     "softmax",
@@ -56,38 +58,6 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return exp / safe_total
 
 
-def _sink_column(sink_logit: float | torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """The sink logit as a column ``(..., 1, 1)`` that broadcasts to ``rows`` ``(..., T_q, n)``.
-
-    A number serves every row; a tensor holds one sink per leading index (per head),
-    shared by all the query rows, and must broadcast to ``rows.shape[:-2]``.
-    """
-    if isinstance(sink_logit, torch.Tensor):
-        require_float("sink_logit", sink_logit)
-        sink = sink_logit.to(dtype=rows.dtype, device=rows.device)
-    elif isinstance(sink_logit, (int, float)) and not isinstance(sink_logit, bool):
-        sink = torch.tensor(float(sink_logit), dtype=rows.dtype, device=rows.device)
-    else:
-        raise TypeError(
-            f"sink_logit must be a number or a floating-point tensor, got "
-            f"{type(sink_logit).__name__}"
-        )
-    if sink.dim() == 0:
-        return sink.reshape(*([1] * rows.dim()))  # (1, ..., 1)
-    leading = rows.shape[:-2]
-    try:
-        fits = rows.dim() >= sink.dim() + 2 and torch.broadcast_shapes(sink.shape, leading) == leading
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"sink_logit of shape {tuple(sink.shape)} must broadcast to the dims before the "
-            f"query and key dims of the scores {tuple(rows.shape)} (..., T_q, T_k), which are "
-            f"{tuple(leading)}: one sink per head, shared by every query"
-        )
-    return sink[..., None, None]  # (..., 1, 1)
-
-
 def softmax_with_sink(
     scores: torch.Tensor, sink_logit: float | torch.Tensor, dim: int = -1
 ) -> torch.Tensor:
@@ -123,19 +93,13 @@ def softmax_with_sink(
     if scores.dim() == 0:
         raise ValueError("scores must have at least one dim to normalise, got a 0-d tensor")
     rows = scores.movedim(dim, -1)  # (..., T_q, n)
-    if rows.dim() == 1:
+    squeeze = rows.dim() == 1
+    if squeeze:
         rows = rows.unsqueeze(0)  # (1, n): a single row
-        squeeze = True
-    else:
-        squeeze = False
-    sink = _sink_column(sink_logit, rows)  # (..., 1, 1)
-    row_max = torch.maximum(rows.amax(dim=-1, keepdim=True), sink)  # (..., T_q, 1)
-    # Only when the sink is -inf and the row fully masked is the maximum -inf: shift by 0.
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    exp = torch.exp(rows - row_max)  # (..., T_q, n)
-    total = exp.sum(dim=-1, keepdim=True) + torch.exp(sink - row_max)  # (..., T_q, 1)
-    safe_total = torch.where(total > 0, total, torch.ones_like(total))
-    weights = exp / safe_total  # (..., T_q, n)
+    # A sink is one more part with output 0 and log-sum-exp s: merging it in scales each row
+    # by sigmoid(L - s), L the row's log-sum-exp (the merge of chapter 10, flash.add_sink).
+    exp, row_sum, log_sum_exp = shifted_exp(rows)  # (..., T_q, n), (..., T_q), (..., T_q)
+    weights, _ = add_sink(exp / row_sum.unsqueeze(-1), log_sum_exp, sink_logit)  # (..., T_q, n)
     if squeeze:
         weights = weights.squeeze(0)  # (n,)
     return weights.movedim(-1, dim)

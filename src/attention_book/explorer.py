@@ -1,6 +1,6 @@
 """Explore a pretrained model's attention on your own sentence: an ipywidgets explorer.
 
-``explore(tokenizer, model)`` (also importable as ``attention_book.viz.explore``) returns an
+``explore(tokenizer, model)`` (``from attention_book.explorer import explore``) returns an
 :class:`AttentionExplorer`. In JupyterLab, Jupyter Notebook, VS Code or Colab it shows a text
 box for the sentence, a layer slider, a head menu (one head, or all of them as a grid), a
 token menu, and a switch between the heatmap and bertviz's head view; below them, the word

@@ -17,7 +17,6 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from .attention import (
-    _sink_column,
     causal_mask,
     scaled_dot_product_attention,
 )
@@ -29,6 +28,7 @@ from .checks import (
     check_positive_int,
     require_float,
 )
+from .flash import sink_column
 from .kv_cache import KVCache
 from .positions import rotary_embedding
 
@@ -61,7 +61,7 @@ def _fused_with_sink(
     bias = queries.new_zeros(*lead, num_queries, num_keys)  # (..., heads, T, T_k)
     if allowed is not None:
         bias = bias.masked_fill(~allowed, float("-inf"))  # (..., heads, T, T_k)
-    sink = _sink_column(sink_logit, bias).expand(*lead, num_queries, 1)  # (..., heads, T, 1)
+    sink = sink_column(sink_logit, bias).expand(*lead, num_queries, 1)  # (..., heads, T, 1)
     bias = torch.cat([bias, sink], dim=-1)  # (..., heads, T, T_k + 1)
     keys = torch.cat([keys, keys.new_zeros(*keys.shape[:-2], 1, keys.size(-1))], dim=-2)  # (..., T_k + 1, d)
     values = torch.cat([values, values.new_zeros(*values.shape[:-2], 1, values.size(-1))],

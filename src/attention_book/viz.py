@@ -4,6 +4,7 @@
 every head of a layer side by side. ``head_view`` and ``model_view`` wrap bertviz
 (Vig, 2019) so that they take the book's modules' weights and give
 HTML with a fixed element id, so a stored notebook output is the same on every run.
+The widget explorer of chapter 8 builds on these pictures: :mod:`attention_book.explorer`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .checks import check_element_id
 
 __all__ = [
     "PIPELINE_STAGES", "plot_attention", "plot_attention_pipeline", "plot_heads", "head_view",
-    "model_view", "explore",
+    "model_view",
 ]
 
 _BERTVIZ_ID = re.compile(r"bertviz-[0-9a-f]{32}")
@@ -427,7 +428,3 @@ def plot_attention_pipeline(highlight: Sequence[str] = (), *, title: str | None 
     ax.set_title(title or (f"Attention, step by step (highlighted: {shown})" if shown
                            else "Attention, step by step"))
     return ax
-
-
-# The explorer (chapter 8) builds on the pictures above; the book names it viz.explore.
-from .explorer import explore  # noqa: E402

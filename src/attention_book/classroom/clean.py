@@ -47,7 +47,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import sandbox
+from . import integrity, sandbox
 from .format import BEGIN_HIDDEN, END_HIDDEN, prompt_match
 from .handover import Describer, build, is_public
 from .remote import Channel, ChannelClosed, Exports, ProtocolError, Remote, serve_all
@@ -642,8 +642,58 @@ def _run_statements(source: str, filename: str, namespace: dict, notes: list[str
                              f"{str(error)[:200]} (skipped)")
 
 
-def _answer_process(sock: socket.socket, limits: Limits, jail_root: str | None,
-                    use_jail: bool, role: str = "answer") -> None:
+def _enter_answer_sandbox(jail_root: str, limits: Limits, required: sandbox.Layers,
+                          blocked: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """Every layer of the sandbox, entered by an answer process before the answer runs.
+
+    Args:
+        jail_root: the empty folder the zygote made for this process.
+        limits: its memory and CPU limits.
+        required: the layers the run promised (it ends the process if it cannot enter them).
+        blocked: the grader's modules it may not import.
+
+    Returns:
+        ``(readable roots, writable scratch folders)`` for the audit hook. Ends the process
+        (exit status 3) if it cannot enter the layers the run promised.
+    """
+    roots = [*sandbox.python_roots(), sandbox.package_root()]
+    hidden = [os.path.join(sandbox.package_root(), "attention_book", name)
+              for name in ("exercises", "classroom")]
+    sandbox.block_imports(blocked)
+    jailed = False
+    if required.namespaces:
+        try:
+            # a private scratch folder (FlexAttention and torch's compilers want a temporary
+            # folder); it vanishes with the process. It is not /tmp, so that a path under the
+            # real /tmp (a course folder, say) is refused and reported, not just missing.
+            sandbox.enter_jail(jail_root, [*roots, *sandbox.SYSTEM_LIBRARIES], hidden=hidden,
+                               scratch=_SCRATCH, scratch_megabytes=64, network=True)
+            jailed = True
+        except (sandbox.SandboxError, OSError):
+            os._exit(3)
+    # without the view: the empty folder the zygote made for this answer is its scratch
+    scratch = _SCRATCH if jailed else jail_root
+    os.chdir(scratch)  # an empty folder: nothing shipped beside the notebook is importable
+    keep = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS",
+                                             "MKL_NUM_THREADS") if key in os.environ}
+    os.environ.clear()  # nothing of the grader's environment is the answer's business
+    os.environ.update(keep)
+    for key in ("TMPDIR", "HOME", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
+        os.environ[key] = scratch
+    tempfile.tempdir = scratch
+    contained = jailed or required.landlock > 0
+    sandbox.limit_resources(memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds,
+                            file_bytes=64 * 2**20 if contained else 0, open_files=256)
+    sandbox.neuter_native_file_access()
+    entered = sandbox.confine(roots, [scratch], hidden=hidden, network_namespace=jailed,
+                              kill=True)
+    if entered.landlock < required.landlock or (required.seccomp and not entered.seccomp):
+        os._exit(3)
+    return roots, [scratch]
+
+
+def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
+                    required: sandbox.Layers, role: str = "answer") -> None:
     """The body of an answer process, or of a subject process (never returns).
 
     An answer process runs one exercise's answer cell and serves the grader's calls on the
@@ -668,37 +718,10 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str | None,
     subject = role == "subject"
     if subject:  # the checkers' test doubles; their files are hidden once in the sandbox
         import attention_book.exercises  # noqa: F401
-    roots = [*sandbox.python_roots(), sandbox.package_root()]
-    hidden = [os.path.join(sandbox.package_root(), "attention_book", name)
-              for name in ("exercises", "classroom")]
     blocked = tuple(name for name in sandbox.GRADER_MODULES
                     if not (subject and name == "attention_book.exercises"))
-    sandbox.block_imports(blocked)
-    jailed = False
-    if use_jail:
-        try:
-            # a private scratch folder (FlexAttention and torch's compilers want a temporary
-            # folder); it vanishes with the process. It is not /tmp, so that a path under the
-            # real /tmp (a course folder, say) is refused and reported, not just missing.
-            sandbox.enter_jail(jail_root, [*roots, *sandbox.SYSTEM_LIBRARIES], hidden=hidden,
-                               scratch=_SCRATCH, scratch_megabytes=64)
-            jailed = True
-        except (sandbox.SandboxError, OSError):
-            jailed = False
-    if not jailed and jail_root:
-        os.chdir(jail_root)  # an empty folder: nothing shipped beside the notebook is importable
-    keep = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS",
-                                             "MKL_NUM_THREADS") if key in os.environ}
-    os.environ.clear()  # nothing of the grader's environment is the answer's business
-    os.environ.update(keep)
-    scratch = [_SCRATCH] if jailed else []
-    if jailed:
-        for key in ("TMPDIR", "HOME", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
-            os.environ[key] = _SCRATCH
-        tempfile.tempdir = _SCRATCH
-    sandbox.limit_resources(memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds,
-                            file_bytes=64 * 2**20 if jailed else 0, open_files=256)
-    sandbox.neuter_native_file_access()
+    roots, scratch = _enter_answer_sandbox(jail_root, limits, required, blocked)
+    jailed = required.namespaces
     exports = Exports()
 
     def builder(tag, data, sub, ctx):
@@ -934,76 +957,167 @@ class _Handover:
 
 
 class _Worker:
-    def __init__(self, pid: int, sock: socket.socket, root: str | None):
-        self.pid, self.sock, self.root = pid, sock, root
+    """One answer process, as its grader sees it: a socket to it and the zygote's word on it."""
 
-    def stop(self) -> None:
-        for action in (lambda: os.kill(self.pid, signal.SIGKILL), self.sock.close):
+    def __init__(self, pid: int, sock: socket.socket, status: socket.socket):
+        self.pid, self.sock, self.status = pid, sock, status
+
+    def stop(self) -> int | None:
+        """End the answer process (the zygote kills it) and return its wait status."""
+        for action in (self.sock.close, lambda: self.status.sendall(b"stop\n")):
             try:
                 action()
             except OSError:
                 pass
-        if self.root:
-            try:
-                os.rmdir(self.root)
-            except OSError:
-                pass
+        line = _read_line(self.status, 30.0)
+        self.status.close()
+        return int(line.split()[1]) if line.startswith("exit ") else None
 
 
-class _Zygote:
-    """A process forked before the hidden tests are read; it forks each answer process.
-
-    Every answer process is a fresh fork of it, so none can see the hidden tests, another
-    student's answer or anything the grading process learnt after the zygote was made.
-    """
-
-    def __init__(self, limits: Limits, use_jail: bool):
-        self.control, child = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the zygote
-            try:
-                self.control.close()
-                _zygote(child, limits, use_jail)
-            finally:
-                os._exit(0)
-        child.close()
-        self.pid = pid
-
-    def spawn(self, role: str = "answer") -> _Worker:
-        parent, child = socket.socketpair()
-        root = tempfile.mkdtemp(prefix="abk-answer-")
-        socket.send_fds(self.control, [f"{role}\n{root}".encode()], [child.fileno()])
-        child.close()
-        reply = b""
-        while not reply.endswith(b"\n"):
-            chunk = self.control.recv(32)
+def _read_line(sock: socket.socket, seconds: float) -> str:
+    sock.settimeout(seconds)
+    data = b""
+    try:
+        while not data.endswith(b"\n") and len(data) < 256:
+            chunk = sock.recv(64)
             if not chunk:
-                raise ChannelClosed("the zygote ended")
-            reply += chunk
-        return _Worker(int(reply), parent, root)
-
-    def stop(self) -> None:
-        self.control.close()
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-        except (OSError, ChildProcessError):
-            pass
+                break
+            data += chunk
+    except OSError:
+        pass
+    return data.decode(errors="replace").strip()
 
 
-def _zygote(control: socket.socket, limits: Limits, use_jail: bool) -> None:  # pragma: no cover
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children are reaped by the kernel
-    while True:
-        message, fds, _, _ = socket.recv_fds(control, 4096, 1)
-        if not message or not fds:
-            os._exit(0)
-        pid = os.fork()
-        if pid == 0:
-            control.close()
-            role, _, root = message.decode().partition("\n")
-            _answer_process(socket.socket(fileno=fds[0]), limits, root, use_jail, role)
-        os.close(fds[0])
-        control.sendall(f"{pid}\n".encode())
+def _spawn(control: socket.socket, limits: Limits, role: str = "answer") -> _Worker:
+    """Ask the zygote for a fresh answer process (or subject process: ``role="subject"``)."""
+    parent, child = socket.socketpair()
+    status, status_child = socket.socketpair()
+    socket.send_fds(control, [f"spawn {limits.seconds + 30:g} {role}".encode()],
+                    [child.fileno(), status_child.fileno()])
+    child.close()
+    status_child.close()
+    line = _read_line(status, 60.0)
+    if not line.startswith("pid "):
+        raise ChannelClosed("the zygote did not start an answer process")
+    status.settimeout(None)
+    return _Worker(int(line.split()[1]), parent, status)
+
+
+def _zygote(control: socket.socket, limits: Limits,
+            required: sandbox.Layers) -> None:  # pragma: no cover - its own process
+    """Fork each answer process on request, kill it on request or past its time, report its end.
+
+    It is forked from the grading template before the checkers and the hidden tests are
+    loaded, so no answer process can find them in its memory; it never runs student code.
+    """
+    import select
+    import shutil
+
+    children: dict[int, tuple[socket.socket, str, float]] = {}
+    streams: dict[int, int] = {}  # status socket fd -> answer pid
+    ended, wakeup = os.pipe()  # a child's end wakes the loop at once
+    os.set_blocking(wakeup, False)
+    signal.set_wakeup_fd(wakeup)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    try:
+        while True:
+            soonest = min((deadline for _, _, deadline in children.values()), default=None)
+            wait = 5.0 if soonest is None else max(0.0, min(5.0, soonest - time.monotonic()))
+            ready, _, _ = select.select([control, ended, *(children[p][0] for p in children)],
+                                        [], [], wait)
+            for sock in ready:
+                if sock == ended:
+                    with contextlib.suppress(OSError):
+                        os.read(ended, 4096)
+                elif sock is control:
+                    message, fds, _, _ = socket.recv_fds(control, 256, 2)
+                    if not message:
+                        raise SystemExit
+                    if len(fds) != 2 or not message.startswith(b"spawn "):
+                        for fd in fds:
+                            os.close(fd)
+                        continue
+                    root = tempfile.mkdtemp(prefix="abk-answer-")
+                    pid = os.fork()
+                    if pid == 0:
+                        signal.set_wakeup_fd(-1)
+                        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                        control.close()
+                        for other, _, _ in children.values():
+                            other.close()
+                        os.close(fds[1])
+                        role = "subject" if message.split()[2:] == [b"subject"] else "answer"
+                        _answer_process(socket.socket(fileno=fds[0]), limits, root, required,
+                                        role)
+                    os.close(fds[0])
+                    status = socket.socket(fileno=fds[1])
+                    seconds = float(message.split()[1])
+                    children[pid] = (status, root, time.monotonic() + seconds)
+                    streams[status.fileno()] = pid
+                    try:
+                        status.sendall(f"pid {pid}\n".encode())
+                    except OSError:
+                        pass
+                else:
+                    pid = streams.get(sock.fileno())
+                    try:
+                        sock.recv(64)  # "stop", or the grader is gone: either way, it ends
+                    except OSError:
+                        pass
+                    if pid is not None:
+                        _kill(pid)
+            now = time.monotonic()
+            for pid, (_, _, deadline) in list(children.items()):
+                if now > deadline:
+                    _kill(pid)
+            while children:
+                try:
+                    pid, wait_status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                if pid in children:
+                    status, root, _ = children.pop(pid)
+                    streams.pop(status.fileno(), None)
+                    try:
+                        status.sendall(f"exit {wait_status}\n".encode())
+                    except OSError:
+                        pass
+                    status.close()
+                    shutil.rmtree(root, ignore_errors=True)
+    finally:
+        for pid, (_, root, _) in children.items():
+            _kill(pid)
+            shutil.rmtree(root, ignore_errors=True)
+        os._exit(0)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _after_exit(result: ExerciseResult, wait_status: int | None) -> None:
+    """What the end of an answer process adds: a flag for a system call the kernel refused."""
+    if wait_status is None:
+        return
+    if os.WIFSIGNALED(wait_status) and os.WTERMSIG(wait_status) == signal.SIGSYS:
+        result.flags.append("your answer made a system call that graded code may not make (a "
+                            "network socket, a new process, a writable shared file mapping, "
+                            "another process's memory, …), and the kernel stopped it")
+    elif os.WIFEXITED(wait_status) and os.WEXITSTATUS(wait_status) == 3:
+        result.cause = ("This exercise could not be graded: its process could not enter the "
+                        "sandbox this run promised; tell your instructor.")
+        return
+    else:
+        return
+    for cell in result.cells:
+        cell.passed = False
+    result.flags = list(dict.fromkeys(result.flags))
+    result.cause = "Not counted: " + "; ".join(result.flags[:3]) + "."
 
 
 def _grade_exercise(exercise: Exercise, answer: Answer, preamble: str,
@@ -1128,11 +1242,26 @@ def _preload(imports: str) -> None:
             pass
 
 
+def _option(argv: list[str], name: str, default: str | None = None) -> str:
+    if name in argv:
+        return argv[argv.index(name) + 1]
+    if default is None:
+        raise SystemExit(f"missing {name}")
+    return default
+
+
 def _runner(argv: list[str]) -> int:
-    """The grading process: ``--imports-file F --limits JSON`` then the job on stdin."""
-    imports = Path(argv[argv.index("--imports-file") + 1]).read_text(encoding="utf-8")
-    use_jail = "--no-jail" not in argv
-    limits = Limits(**json.loads(argv[argv.index("--limits") + 1]))
+    """The grading template: ``--imports-file F --limits JSON --layers JSON --jobs N``, the job
+    on stdin, the results on stdout.
+
+    It loads what every grader needs, forks the zygote (before the checkers), loads the
+    checkers, checks the package's fingerprint against the one ``autograde`` took before any
+    student code ran, and then forks one grader per student, ``--jobs`` at a time.
+    """
+    imports = Path(_option(argv, "--imports-file")).read_text(encoding="utf-8")
+    limits = Limits(**json.loads(_option(argv, "--limits")))
+    required = sandbox.Layers(**json.loads(_option(argv, "--layers", "{}")))
+    jobs = max(1, int(_option(argv, "--jobs", "1")))
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     try:  # nobody may read this process's memory (it will hold the hidden tests)
         import ctypes
@@ -1141,38 +1270,183 @@ def _runner(argv: list[str]) -> int:
     except (OSError, AttributeError):
         pass
     _preload(imports)
-    if use_jail:
-        use_jail = sandbox.jail_available()
-    zygote = _Zygote(limits, use_jail)
+    control, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the zygote
+        control.close()
+        _zygote(zygote_end, limits, required)
+    zygote_end.close()
     job = json.loads(sys.stdin.read())
-    from .. import exercises as _checkers  # noqa: F401 - loaded after the zygote
-
-    graded: dict[str, list[dict]] = {}
+    _load_checkers()
+    expected = job.get("fingerprint") or {}
     try:
-        for student in job["students"]:
-            results = []
-            for item in student["exercises"]:
-                exercise = Exercise(item["key"], item["title"], tuple(item["answer_ids"]),
-                                    tuple(item["names"]),
-                                    tuple(GradeCell(**cell) for cell in item["grade_cells"]),
-                                    tuple(item["forbidden"]), item.get("kind", ""))
-                answer = Answer(**item["answer"])
-                if answer.problem or answer.source is None:
-                    results.append(_grade_exercise(exercise, answer, "", None, limits))
-                    continue
-                worker = zygote.spawn()
-                try:
-                    results.append(_grade_exercise(exercise, answer, item["preamble"], worker,
-                                                   limits,
-                                                   spawn=lambda: zygote.spawn("subject")))
-                finally:
-                    worker.stop()
-            graded[student["student"]] = [asdict(result) for result in results]
+        graded = _run_graders(job["students"], control, limits, required, jobs, expected)
+    except integrity.PackageChanged as error:
+        out.write(json.dumps({"error": str(error)}))
+        out.flush()
+        return 4
     finally:
-        zygote.stop()
-    out.write(json.dumps({"jailed": use_jail, "students": graded}))
+        control.close()
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    out.write(json.dumps({"layers": asdict(required), "students": graded}))
     out.flush()
     return 0
+
+
+def _load_checkers() -> None:
+    """Import every checker module now, before any student code of the run executes."""
+    import importlib
+    import pkgutil
+
+    from .. import exercises
+
+    for module in pkgutil.iter_modules(exercises.__path__):
+        importlib.import_module(f"{exercises.__name__}.{module.name}")
+
+
+def _check_fingerprint(expected: dict[str, str]) -> None:
+    if not expected:
+        return
+    changed = integrity.changed_files(expected, integrity.fingerprint())
+    if changed:
+        raise integrity.PackageChanged(
+            "the book's package changed while grading ran (" + ", ".join(changed[:5])
+            + "): the run stopped; reinstall the package and grade again")
+
+
+def _grader_budget(student: dict, limits: Limits) -> float:
+    return 30 + len(student["exercises"]) * (limits.seconds + 10)
+
+
+def _run_graders(students: list[dict], control: socket.socket, limits: Limits,
+                 required: sandbox.Layers, jobs: int,
+                 expected: dict[str, str]) -> dict[str, dict]:
+    """One fresh grader process per student, ``jobs`` at a time; their results by student."""
+    import select
+
+    graded: dict[str, dict] = {}
+    pending = list(students)
+    running: dict[int, list] = {}  # pipe fd -> [pid, student key, chunks, size, deadline]
+    _check_fingerprint(expected)
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                student = pending.pop(0)
+                _check_fingerprint(expected)
+                read, write = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - the grader
+                    os.close(read)
+                    _grader_process(student, control, limits, required, write)
+                os.close(write)
+                running[read] = [pid, student["student"], [], 0,
+                                 time.monotonic() + _grader_budget(student, limits),
+                                 _grader_budget(student, limits)]
+            ready, _, _ = select.select(list(running), [], [], 0.5)
+            for fd in ready:
+                entry = running[fd]
+                chunk = os.read(fd, 1 << 16)
+                if chunk and entry[3] + len(chunk) <= _MAX_RESULTS:
+                    entry[2].append(chunk)
+                    entry[3] += len(chunk)
+                    continue
+                if chunk:  # a grader that writes more than any result can be: stopped
+                    _kill(entry[0])
+                    entry[2] = [json.dumps({"error": "its grader wrote more than "
+                                                     f"{_MAX_RESULTS:,} bytes"}).encode()]
+                _finish(running.pop(fd), fd, graded)
+            now = time.monotonic()
+            for fd, entry in list(running.items()):
+                if now > entry[4]:
+                    _kill(entry[0])
+                    entry[2] = [json.dumps({"error": "its grader took longer than "
+                                                     f"{entry[5]:.0f} s"}).encode()]
+                    _finish(running.pop(fd), fd, graded)
+    finally:
+        for fd, entry in running.items():
+            _kill(entry[0])
+            os.close(fd)
+    _check_fingerprint(expected)
+    return graded
+
+
+_MAX_RESULTS = 16 * 2**20  # bytes of results one student's grader may send
+
+
+def _finish(entry: list, fd: int, graded: dict[str, dict]) -> None:
+    os.close(fd)
+    pid, key = entry[0], entry[1]
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        status = 0
+    try:
+        data = json.loads(b"".join(entry[2]) or b"{}")
+    except ValueError:
+        data = {}
+    if not isinstance(data, dict) or not ("results" in data or "error" in data):
+        signal_name = (signal.Signals(os.WTERMSIG(status)).name if os.WIFSIGNALED(status)
+                       else f"exit {os.waitstatus_to_exitcode(status)}")
+        data = {"error": f"its grader ended without results ({signal_name})"}
+    graded[key] = data
+
+
+def _grader_process(student: dict, control: socket.socket, limits: Limits,
+                    required: sandbox.Layers, write: int) -> None:  # pragma: no cover
+    """Grade one student, in a process of their own, and write the results to ``write``."""
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):  # the template's output is not this process's to write
+        os.dup2(devnull, fd)
+    keep = sorted({write, control.fileno()})
+    os.closerange(3, keep[0])  # nor other graders' pipes
+    for low, high in zip(keep, [*keep[1:], 65536], strict=True):
+        os.closerange(low + 1, high)
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        count = max(1, len(student["exercises"]))
+        sandbox.limit_resources(memory_bytes=max(limits.memory_bytes, 4 * 2**30),
+                                cpu_seconds=int(count * limits.cpu_seconds + 60), open_files=256)
+        if required.protected:  # read Python and the package; write nothing; no network
+            sandbox.confine([*sandbox.python_roots(), sandbox.package_root()], [], kill=True)
+        data: dict = {"results": _grade_student(student, control, limits)}
+    except BaseException as error:  # noqa: BLE001 - every failure is a result
+        data = {"error": f"its grader failed: {_short(error)}"}
+    payload = json.dumps(data).encode()
+    view = memoryview(payload)
+    while view:
+        try:
+            written = os.write(write, view)
+        except OSError:
+            break
+        view = view[written:]
+    os._exit(0)
+
+
+def _grade_student(student: dict, control: socket.socket, limits: Limits) -> list[dict]:
+    results = []
+    for item in student["exercises"]:
+        exercise = Exercise(item["key"], item["title"], tuple(item["answer_ids"]),
+                            tuple(item["names"]),
+                            tuple(GradeCell(**cell) for cell in item["grade_cells"]),
+                            tuple(item["forbidden"]), item.get("kind", ""))
+        answer = Answer(**item["answer"])
+        if answer.problem or answer.source is None:
+            results.append(_grade_exercise(exercise, answer, "", None, limits))
+            continue
+        worker = _spawn(control, limits)
+        try:
+            result = _grade_exercise(exercise, answer, item["preamble"], worker, limits,
+                                     spawn=lambda: _spawn(control, limits, "subject"))
+        finally:
+            wait_status = worker.stop()
+        _after_exit(result, wait_status)
+        results.append(result)
+    return [asdict(result) for result in results]
 
 
 def _results(items: list[dict]) -> list[ExerciseResult]:
@@ -1186,12 +1460,15 @@ def _results(items: list[dict]) -> list[ExerciseResult]:
 
 def grade_submissions(source_notebook, submissions: dict[str, object], *,
                       limits: Limits | None = None, use_jail: bool = True,
-                      timeout: float | None = None) -> tuple[dict[str, list[ExerciseResult]],
-                                                             bool]:
+                      timeout: float | None = None, jobs: int | None = None,
+                      layers: sandbox.Layers | None = None,
+                      fingerprint: dict[str, str] | None = None,
+                      ) -> tuple[dict[str, list[ExerciseResult]], sandbox.Layers]:
     """Grade submitted notebooks, exercise by exercise, in clean processes.
 
-    One grading process serves them all; every exercise of every student gets a fresh
-    answer process, forked from a zygote made before the hidden tests were read.
+    Each student gets a grader process of their own, forked from a clean template; every
+    exercise gets a fresh answer process, forked from a zygote made before the checkers
+    and the hidden tests were loaded.
 
     Args:
         source_notebook: the instructor notebook (dict or ``nbformat`` node, or a path).
@@ -1199,39 +1476,62 @@ def grade_submissions(source_notebook, submissions: dict[str, object], *,
         limits: the limits of each answer process.
         use_jail: use the private file view where the machine allows it.
         timeout: seconds for everything (default: enough for every exercise).
+        jobs: students graded at once (default: the machine's cores).
+        layers: the sandbox layers to enter (default: every layer this machine gives).
+        fingerprint: the package's :func:`~.integrity.fingerprint`, taken before any student
+            code ran (default: taken now).
 
     Returns:
-        ``(results, jailed)``: each student's list of :class:`ExerciseResult`, and whether the
-        answers ran in the private file view.
+        ``(results, layers)``: each student's list of :class:`ExerciseResult`, and the
+        :class:`~.sandbox.Layers` every answer entered (true when files were fenced).
 
     Raises:
         RuntimeError: the grading process itself failed (never because of an answer).
+        integrity.PackageChanged: the package changed while the run went on.
     """
-    (results,), jailed = grade_many([(source_notebook, submissions)], limits=limits,
-                                    use_jail=use_jail, timeout=timeout)
-    return results, jailed
+    (results,), layers = grade_many([(source_notebook, submissions)], limits=limits,
+                                    use_jail=use_jail, timeout=timeout, jobs=jobs,
+                                    layers=layers, fingerprint=fingerprint)
+    return results, layers
+
+
+def default_jobs() -> int:
+    """Students graded at once by default: the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def grade_many(requests: list[tuple[object, dict[str, object]]], *,
                limits: Limits | None = None, use_jail: bool = True,
-               timeout: float | None = None) -> tuple[list[dict[str, list[ExerciseResult]]],
-                                                      bool]:
-    """Grade the submissions of several chapters with one grading process.
+               timeout: float | None = None, jobs: int | None = None,
+               layers: sandbox.Layers | None = None,
+               fingerprint: dict[str, str] | None = None,
+               ) -> tuple[list[dict[str, list[ExerciseResult]]], sandbox.Layers]:
+    """Grade the submissions of several chapters with one grading template.
 
     Args:
         requests: ``(instructor notebook, {student: submission})`` pairs.
         limits: the limits of each answer process.
         use_jail: use the private file view where the machine allows it.
         timeout: seconds for everything.
+        jobs: students graded at once (default: :func:`default_jobs`).
+        layers: the sandbox layers to enter (default: every layer this machine gives).
+        fingerprint: the package's fingerprint, taken before any student code ran.
 
     Returns:
-        ``(results, jailed)``: one ``{student: [ExerciseResult]}`` per request, in order.
+        ``(results, layers)``: one ``{student: [ExerciseResult]}`` per request, in order.
 
     Raises:
         RuntimeError: the grading process itself failed (never because of an answer).
+        integrity.PackageChanged: the package changed while the run went on.
     """
     limits = limits or Limits()
-    job: dict = {"students": []}
+    jobs = jobs or default_jobs()
+    layers = layers if layers is not None else sandbox.available_layers(use_jail=use_jail)
+    fingerprint = fingerprint if fingerprint is not None else integrity.fingerprint()
+    job: dict = {"students": [], "fingerprint": fingerprint}
     all_imports: list[str] = []
     for index, (source_notebook, submissions) in enumerate(requests):
         if not isinstance(source_notebook, dict) and not hasattr(source_notebook, "cells"):
@@ -1254,14 +1554,13 @@ def grade_many(requests: list[tuple[object, dict[str, object]]], *,
     # -P: the working folder is not on the path (PYTHONPATH still is, as the grader has it)
     command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m",
                "attention_book.classroom.clean", "--imports-file",
-               imports_file, "--limits", json.dumps(asdict(limits))]
-    if not use_jail:
-        command.append("--no-jail")
+               imports_file, "--limits", json.dumps(asdict(limits)), "--layers",
+               layers.to_json(), "--jobs", str(jobs)]
     env = dict(os.environ)  # the grader's own environment (each answer process clears it)
     env.update({"PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1"})
-    count = sum(len(s["exercises"]) for s in job["students"])
-    budget = timeout if timeout is not None else 60 + count * (limits.seconds + 5)
+                "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    budgets = sorted((_grader_budget(s, limits) for s in job["students"]), reverse=True)
+    budget = timeout if timeout is not None else 90 + sum(budgets[::jobs]) + sum(budgets) / jobs
     try:
         process = subprocess.run(command, input=json.dumps(job), capture_output=True, text=True,
                                  timeout=budget, env=env, check=False)
@@ -1269,16 +1568,51 @@ def grade_many(requests: list[tuple[object, dict[str, object]]], *,
         raise RuntimeError(f"the grading process took longer than {budget:g} s") from error
     finally:
         os.unlink(imports_file)
-    if process.returncode != 0 or not process.stdout.strip():
+    try:
+        data = json.loads(process.stdout) if process.stdout.strip() else {}
+    except ValueError:
+        data = {}
+    if process.returncode == 4 and data.get("error"):
+        raise integrity.PackageChanged(data["error"])
+    if process.returncode != 0 or "students" not in data:
         tail = (process.stderr or "").strip().splitlines()[-3:]
         raise RuntimeError(f"the grading process failed (exit {process.returncode}): "
                            + " | ".join(tail))
-    data = json.loads(process.stdout)
+    by_key = {s["student"]: s["exercises"] for s in job["students"]}
     results: list[dict[str, list[ExerciseResult]]] = [{} for _ in requests]
-    for key, items in data["students"].items():
+    for key, items in by_key.items():
         index, student = key.split("\t", 1)
-        results[int(index)][student] = _results(items)
-    return results, bool(data.get("jailed"))
+        outcome = data["students"].get(key)
+        outcome = outcome if isinstance(outcome, dict) else {"error": "its grader sent nothing"}
+        outcome.setdefault("error", "its grader sent results for other exercises")
+        graded = _checked_results(items, outcome.get("results"))
+        if graded is not None:
+            results[int(index)][student] = graded
+        else:
+            results[int(index)][student] = _not_graded(items, str(outcome.get("error"))[:300])
+    return results, layers
+
+
+def _checked_results(items: list[dict], sent) -> list[ExerciseResult] | None:
+    """A grader's results, if they are results for exactly the exercises it was given."""
+    try:
+        graded = _results(sent)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+    expected = [(item["key"], [(c["grade_id"], float(c["points"])) for c in item["grade_cells"]])
+                for item in items]
+    found = [(r.key, [(c.grade_id, float(c.points)) for c in r.cells]) for r in graded]
+    if expected != found or not all(isinstance(c.passed, bool) for r in graded for c in r.cells):
+        return None
+    return graded
+
+
+def _not_graded(items: list[dict], error: str) -> list[ExerciseResult]:
+    return [ExerciseResult(item["key"], item["title"],
+                           [CellResult(cell["grade_id"], cell["points"])
+                            for cell in item["grade_cells"]],
+                           cause=f"This exercise could not be graded ({error}); tell your "
+                                 "instructor.") for item in items]
 
 
 if __name__ == "__main__":

@@ -5,15 +5,17 @@ Sub-commands (each takes ``--course-dir``, a folder outside the clone)::
     generate [--chapters 02 04] [--new] [--root .] [--course-id ID]
         student versions of the chosen chapters (default: all); safe to rerun; ``--new``
         creates the course folder the first time (without it a missing course is an error)
-    autograde ASSIGNMENT [--student ID ...]
-        grade every submission in clean processes (nbgrader re-runs each notebook in a
-        sandboxed kernel for the feedback); ASSIGNMENT may be a chapter number (02)
+    autograde ASSIGNMENT [--student ID ...] [--jobs N] [--unsafe-no-isolation]
+        grade every submission in clean processes, N students at a time (nbgrader then
+        re-runs each notebook in a sandboxed kernel for the feedback); ASSIGNMENT may be a
+        chapter number (02); without kernel-enforced isolation it refuses unless told
+        --unsafe-no-isolation
     feedback ASSIGNMENT [--student ID ...]
         feedback pages for students (hidden tests and package tracebacks left out)
     export [--assignment ID ...]
         grades.csv and exercises.csv of the assignments handed in
     sandbox
-        say whether this machine gives graded code a private view of the files
+        say which kernel-enforced layers this machine gives graded code
 
 Not taught in a chapter: the instructor guide (``instructor_guide.md``) shows every command.
 """
@@ -32,6 +34,7 @@ from .course import COURSE_ID, NbgraderError, build_assignments
 from .feedback import write_feedback
 from .format import chapter_number, exercise_format_problems, summarise_exercises
 from .grading import autograde, autograde_summary, export_grades
+from .integrity import PackageChanged
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,10 +66,16 @@ def _parser() -> argparse.ArgumentParser:
                               "or 02")
         sub.add_argument("--student", action="append", default=None,
                          help="only this student id (repeat for several)")
+        if name == "autograde":
+            sub.add_argument("--jobs", type=int, default=None,
+                             help="students graded at once (default: the number of cores)")
+            sub.add_argument("--unsafe-no-isolation", action="store_true",
+                             help="grade even without kernel-enforced isolation; every grade "
+                                  "of the run is marked UNPROTECTED")
     export = command("export", "grades.csv and exercises.csv of the handed-in assignments")
     export.add_argument("--assignment", action="append", default=None,
                         help="only this assignment (repeat; default: every one handed in)")
-    command("sandbox", "whether graded code gets a private view of the files here")
+    command("sandbox", "which kernel-enforced layers graded code gets here")
     return parser
 
 
@@ -103,7 +112,10 @@ def _generate(options) -> int:
 
 
 def _autograde(options) -> int:
-    report = autograde(options.course_dir, options.assignment, _students(options.student))
+    if options.jobs is not None and options.jobs < 1:
+        raise ValueError(f"--jobs must be a positive number of students, got {options.jobs}")
+    report = autograde(options.course_dir, options.assignment, _students(options.student),
+                       jobs=options.jobs, unsafe=options.unsafe_no_isolation)
     count = len(report.students)
     print(f"graded {count} submission(s) of {report.assignment} in {report.seconds:.0f} s "
           f"({report.seconds / max(count, 1):.1f} s a student)")
@@ -127,14 +139,13 @@ def _export(options) -> int:
 
 
 def _sandbox(options) -> int:
-    from .sandbox import jail_available
+    from .sandbox import available_layers
 
-    if jail_available():
-        print("graded code runs in a private, read-only view of the files (user namespaces "
-              "are available)")
-    else:
-        print("this machine gives no private view of the files (user namespaces are off): "
-              "graded code runs under the audit hook and resource limits only; see the guide")
+    layers = available_layers()
+    print(f"graded code here runs under: {layers.describe()}")
+    if not layers.protected:
+        print("autograde refuses to grade here unless told --unsafe-no-isolation; see the "
+              "instructor guide")
     return 0
 
 
@@ -158,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "export": _export}
     try:
         return handlers[options.command](options)
-    except (ValueError, TypeError, NbgraderError) as error:
+    except (ValueError, TypeError, NbgraderError, PackageChanged) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 

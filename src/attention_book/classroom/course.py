@@ -498,3 +498,71 @@ def build_assignments(root: str | os.PathLike, course_dir: str | os.PathLike,
                                 f"solution text: {leaks[:5]}")
     return build
 
+
+# --------------------------------------------------------------------------- a course
+
+
+def course_folder(course_dir) -> Path:
+    """The course folder, which must exist and hold ``nbgrader_config.py``.
+
+    Args:
+        course_dir: the folder the instructor named (``COURSE_DIR``).
+
+    Returns:
+        Its absolute path.
+
+    Raises:
+        ValueError: there is no course there (with what to do about it).
+    """
+    if not course_dir:
+        raise ValueError("name the course folder with --course-dir or COURSE_DIR")
+    course = Path(course_dir).expanduser().resolve()
+    if not course.is_dir():
+        raise ValueError(f"no course at {course}: check COURSE_DIR, or create a course there "
+                         "with `make assignments COURSE_DIR=… NEW=1`")
+    if not (course / "nbgrader_config.py").exists():
+        raise ValueError(f"{course} is not a course folder (no nbgrader_config.py): check "
+                         "COURSE_DIR, or create a course with `make assignments … NEW=1`")
+    return course
+
+
+def known_assignments(course_dir) -> list[str]:
+    """The assignments of a course: the folders of ``source/`` and ``release/``.
+
+    Args:
+        course_dir: the course folder.
+
+    Returns:
+        Assignment ids, sorted.
+    """
+    course = course_folder(course_dir)
+    names = {path.name for folder in ("source", "release")
+             for path in (course / folder).glob("*") if path.is_dir()}
+    return sorted(names)
+
+
+def resolve_assignment(course_dir, name: str) -> str:
+    """The assignment id that ``name`` means: an id, or a chapter number like ``02``.
+
+    Args:
+        course_dir: the course folder.
+        name: what the instructor typed (``ASSIGNMENT=02``).
+
+    Returns:
+        The assignment id.
+
+    Raises:
+        ValueError: ``name`` is empty, unknown or ambiguous (the message lists the known ones).
+    """
+    known = known_assignments(course_dir)
+    have = ", ".join(known) if known else "none yet: run `make assignments` first"
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name the assignment, e.g. ASSIGNMENT=02 (have {have})")
+    text = name.strip().rstrip("/").removesuffix(".ipynb")
+    if text in known:
+        return text
+    matches = [a for a in known if text.isdigit() and a.split("_", 1)[0].isdigit()
+               and int(a.split("_", 1)[0]) == int(text)]
+    if len(matches) == 1:
+        return matches[0]
+    raise ValueError(f"unknown assignment {name!r} (have {have})")

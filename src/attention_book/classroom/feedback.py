@@ -255,7 +255,7 @@ def write_feedback(course_dir, assignment: str, students: list[str] | None = Non
     """
     from nbgrader.api import Gradebook, MissingEntry
 
-    from .grading import course_folder, resolve_assignment
+    from .course import course_folder, resolve_assignment
 
     course = course_folder(course_dir)
     assignment = resolve_assignment(course, assignment)

@@ -1,36 +1,45 @@
 """Autograde in clean processes, keep every flag, export only what was handed in.
 
 :func:`autograde` grades one assignment for every student who handed it in (or the ones
-named), in three steps that never stop for one student's sake:
+named), in steps that never stop for one student's sake:
 
-1. **nbgrader's own run, for the feedback only.** Each submission is copied, notebook only,
-   into ``grading/staged/`` with its nbgrader metadata restored from the instructor's
-   version (a duplicated or invented grade id, a demoted check cell or a changed point
-   value cannot make nbgrader stop), and ``nbgrader autograde`` re-runs it in the sandboxed
-   kernel (:mod:`.sandbox`: a private read-only view of the files, no course folder, no
-   gradebook). A student whose run fails (a dead kernel, a hang) is named, with the cause.
-2. **The grade.** Every exercise is graded in clean processes (:mod:`.clean`): the answer
-   cell alone, sandboxed, called from the trusted hidden tests. Those scores replace
-   nbgrader's in the gradebook, and each answer cell gets a comment saying what counted.
-3. **Integrity.** Integrity findings (a forbidden call, the checkers imported, something
+1. **Before any student code runs**: the run takes the course's lock
+   (``grading/autograde.lock``: a second run on the course waits), checks which sandbox
+   layers the machine gives (:func:`.sandbox.available_layers`; without a kernel-enforced
+   one it refuses unless ``unsafe=True``), takes the package's fingerprint
+   (:mod:`.integrity`), and reads the instructor notebook with its hidden tests.
+2. **The grade.** Every exercise is graded in clean processes (:mod:`.clean`): one grader
+   process per student, ``jobs`` students at a time, each exercise's answer cell alone in
+   a sandboxed process, called from the trusted hidden tests.
+3. **nbgrader's own run, for the feedback only**, after the grade. Each submission is
+   copied, notebook only, into a staging folder of this run with its nbgrader metadata
+   restored from the instructor's version, and ``nbgrader autograde`` re-runs it in the
+   sandboxed kernel (:mod:`.sandbox`, the same layers; ``jobs`` nbgrader processes at
+   once). A student whose run fails (a dead kernel, a hang) is named, with the cause; what
+   the sandbox refused there is a flag of the student that costs no points.
+4. **Integrity.** Integrity findings (a forbidden call, the checkers imported, something
    the sandbox refused) are flags: the exercise scores 0, the flag is written to
-   ``grading/flags.json`` and applied again by every later run, so a rerun never undoes
-   it. A manual score that appeared in the gradebook during the run (the formgrader is the
-   only place manual scores come from) is put back and reported. An instructor who
-   disagrees with a flag sets a manual score in the formgrader; it wins.
+   ``grading/flags.json`` (atomically; no flag recorded before the run is ever dropped) and
+   applied again by every later run. A manual score that appeared in the gradebook during
+   the run is put back and reported. The package's fingerprint is checked again at the
+   end: a change stops the run with the files named, and the next run refuses a package
+   that changed after a run without kernel isolation.
 
 Printed output in the autograded notebooks is capped (a 50 MB print stays a few lines)
 and any output that repeats a hidden test is removed. ``grading/summary-<assignment>.csv``
-lists every exercise of every student with its score and cause.
+lists every exercise of every student with its score, cause, flags and the isolation of the
+run that graded it.
 
 :func:`export_grades` writes nbgrader's ``grades.csv`` for the assignments that students
-have handed in and ``exercises.csv`` with one row per student and exercise.
+have handed in and ``exercises.csv`` with one row per student and exercise (with the
+isolation, ``UNPROTECTED: …`` for a run without it).
 
 Not taught in a chapter: the instructor guide (``instructor_guide.md``) shows how to use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import datetime
@@ -44,15 +53,34 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .clean import ExerciseResult, Limits, grade_submissions, read_exercises
-from .course import run_nbgrader
-from .format import BEGIN_HIDDEN, END_HIDDEN, exercise_of
+from . import integrity, sandbox
+from .clean import (
+    CellResult,
+    ExerciseResult,
+    Limits,
+    default_jobs,
+    grade_submissions,
+    read_exercises,
+)
+from .course import course_folder, known_assignments, resolve_assignment, run_nbgrader
+from .feedback import shorten_paths
+from .format import BEGIN_HIDDEN, END_HIDDEN, chapter_number, exercise_of
 
 GRADING = "grading"  # the book's folder inside the course
 KERNEL_NAME = "attention-book-grading"
 OUTPUT_CHARACTERS = 10_000  # per output of an autograded notebook
 NOTEBOOK_OUTPUT_CHARACTERS = 200_000
 _FAILED_BLOCK = re.compile(r"There was an error processing assignment: (?P<path>[^\n]+)")
+_SANDBOX_LINE = re.compile(r"^\[sandbox\] (?P<kind>refused|stopped): (?P<text>.*)$", re.M)
+FEEDBACK_RUN = "feedback run"  # the "exercise" of a flag raised in nbgrader's feedback run
+UNSAFE_OPTION = "--unsafe-no-isolation"
+__all__ = ["AutogradeReport", "StudentGrade", "autograde", "autograde_summary", "bound_outputs",
+           "course_folder", "exercise_scores", "export_grades", "known_assignments",
+           "read_flags", "released_assignments", "resolve_assignment"]
+
+
+def _db_url(course: Path) -> str:
+    return f"sqlite:///{course / 'gradebook.db'}"
 
 
 @dataclass
@@ -92,9 +120,12 @@ class AutogradeReport:
     Args:
         assignment: the assignment id.
         students: one :class:`StudentGrade` per graded notebook.
-        isolated: the answers and kernels ran in the private file view.
+        isolated: a kernel-enforced layer fenced the files of every process that ran
+            student code (false only for a run with ``unsafe=True``).
         summary: the CSV with every exercise of every student.
         seconds: wall-clock time of the whole run.
+        layers: the sandbox layers of the run.
+        jobs: students graded at once.
     """
 
     assignment: str
@@ -102,82 +133,11 @@ class AutogradeReport:
     isolated: bool
     summary: Path
     seconds: float
+    layers: sandbox.Layers = field(default_factory=sandbox.Layers)
+    jobs: int = 1
 
 
 # --------------------------------------------------------------------------- the course
-
-
-def course_folder(course_dir) -> Path:
-    """The course folder, which must exist and hold ``nbgrader_config.py``.
-
-    Args:
-        course_dir: the folder the instructor named (``COURSE_DIR``).
-
-    Returns:
-        Its absolute path.
-
-    Raises:
-        ValueError: there is no course there (with what to do about it).
-    """
-    if not course_dir:
-        raise ValueError("name the course folder with --course-dir or COURSE_DIR")
-    course = Path(course_dir).expanduser().resolve()
-    if not course.is_dir():
-        raise ValueError(f"no course at {course}: check COURSE_DIR, or create a course there "
-                         "with `make assignments COURSE_DIR=… NEW=1`")
-    if not (course / "nbgrader_config.py").exists():
-        raise ValueError(f"{course} is not a course folder (no nbgrader_config.py): check "
-                         "COURSE_DIR, or create a course with `make assignments … NEW=1`")
-    return course
-
-
-_course = course_folder
-
-
-def _db_url(course: Path) -> str:
-    return f"sqlite:///{course / 'gradebook.db'}"
-
-
-def known_assignments(course_dir) -> list[str]:
-    """The assignments of a course: the folders of ``source/`` and ``release/``.
-
-    Args:
-        course_dir: the course folder.
-
-    Returns:
-        Assignment ids, sorted.
-    """
-    course = course_folder(course_dir)
-    names = {path.name for folder in ("source", "release")
-             for path in (course / folder).glob("*") if path.is_dir()}
-    return sorted(names)
-
-
-def resolve_assignment(course_dir, name: str) -> str:
-    """The assignment id that ``name`` means: an id, or a chapter number like ``02``.
-
-    Args:
-        course_dir: the course folder.
-        name: what the instructor typed (``ASSIGNMENT=02``).
-
-    Returns:
-        The assignment id.
-
-    Raises:
-        ValueError: ``name`` is empty, unknown or ambiguous (the message lists the known ones).
-    """
-    known = known_assignments(course_dir)
-    have = ", ".join(known) if known else "none yet: run `make assignments` first"
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"name the assignment, e.g. ASSIGNMENT=02 (have {have})")
-    text = name.strip().rstrip("/").removesuffix(".ipynb")
-    if text in known:
-        return text
-    matches = [a for a in known if text.isdigit() and a.split("_", 1)[0].isdigit()
-               and int(a.split("_", 1)[0]) == int(text)]
-    if len(matches) == 1:
-        return matches[0]
-    raise ValueError(f"unknown assignment {name!r} (have {have})")
 
 
 def _grading_dir(course: Path) -> Path:
@@ -247,11 +207,15 @@ def _restored(submission: dict, source: dict) -> dict:
     return notebook
 
 
-def _stage(course: Path, assignment: str, notebooks: dict[str, Path], source: dict,
-           problems: dict[str, list[str]]) -> Path:
-    staged = _grading_dir(course) / "staged"
-    if staged.exists():
-        shutil.rmtree(staged)
+def _stage(run: Path, assignment: str, notebooks: dict[str, Path], source: dict,
+           problems: dict[str, list[str]], groups: int) -> list[tuple[Path, list[str]]]:
+    """Copy each readable submission into one of ``groups`` staging folders of this run.
+
+    Returns:
+        ``(staging folder, students)`` per group that has any.
+    """
+    staged: list[tuple[Path, list[str]]] = [(run / f"staged-{k}", []) for k in range(groups)]
+    readable = 0
     for student, path in notebooks.items():
         try:
             submission = json.loads(path.read_text(encoding="utf-8"))
@@ -261,14 +225,17 @@ def _stage(course: Path, assignment: str, notebooks: dict[str, Path], source: di
             problems[student].append(f"the notebook could not be read ({type(error).__name__}),"
                                      " so there is no feedback run")
             continue
-        folder = staged / student / assignment
-        folder.mkdir(parents=True)
-        (folder / path.name).write_text(json.dumps(_restored(submission, source)),
+        folder, members = staged[readable % groups]
+        readable += 1
+        target = folder / student / assignment
+        target.mkdir(parents=True)
+        (target / path.name).write_text(json.dumps(_restored(submission, source)),
                                         encoding="utf-8")
         for name in ("timestamp.txt", "submission_secret.txt"):  # nbgrader's own files
             if (path.parent / name).is_file():
-                shutil.copyfile(path.parent / name, folder / name)
-    return staged
+                shutil.copyfile(path.parent / name, target / name)
+        members.append(student)
+    return [(folder, members) for folder, members in staged if members]
 
 
 def _sections(log: str, staged: Path) -> dict[str, str]:
@@ -283,74 +250,107 @@ def _sections(log: str, staged: Path) -> dict[str, str]:
     return sections
 
 
-def _kernel_spec(course: Path) -> Path:
-    """The sandboxed kernel for nbgrader's run, in a folder on ``JUPYTER_PATH``."""
-    from . import sandbox
+def _kernel_spec(run: Path, assignment: str, layers: sandbox.Layers) -> Path:
+    """The sandboxed kernel of this run, in a folder to put on ``JUPYTER_PATH``.
 
-    folder = _grading_dir(course) / "jupyter"
+    Its environment names the chapter's policy (:data:`.sandbox.POLICIES`) and the layers
+    the run promised: a kernel that cannot enter them stops before any cell runs.
+    """
+    folder = run / "jupyter"
     spec = folder / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
+    try:
+        chapter = chapter_number(f"{assignment}.ipynb")
+    except (ValueError, TypeError):
+        chapter = None
+    policy = sandbox.policy_for(chapter)
+    env = {"PYDEVD_DISABLE_FILE_VALIDATION": "1",
+           "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+           "BOOK_SANDBOX_POLICY": json.dumps({"processes": policy.processes,
+                                              "loopback_tcp": policy.loopback_tcp}),
+           "BOOK_SANDBOX_REQUIRE": layers.to_json(),
+           "BOOK_SANDBOX_JAIL": "1" if layers.namespaces else "0"}
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
                  sandbox.__file__, "kernel", "-f", "{connection_file}"],
         "display_name": "Python 3 (sandboxed for grading)",
         "language": "python",
-        "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1", "MPLBACKEND":
-                "module://matplotlib_inline.backend_inline"},
+        "env": env,
     }, indent=1), encoding="utf-8")
     return folder
 
 
-def _nbgrader_feedback_run(course: Path, assignment: str, staged: Path, students: list[str],
-                           cell_timeout: int, timeout: float) -> tuple[dict[str, str], str]:
-    """nbgrader autograde of the staged notebooks in the sandboxed kernel."""
-    if not students:
-        return {}, ""
-    jupyter = _kernel_spec(course)
+def _nbgrader_feedback_run(course: Path, assignment: str, run: Path,
+                           groups: list[tuple[Path, list[str]]], layers: sandbox.Layers,
+                           cell_timeout: int, timeout: float
+                           ) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """nbgrader autograde of the staged notebooks in the sandboxed kernel, one nbgrader
+    process per group, the groups at once.
+
+    Returns:
+        ``(failures, refusals)``: the students whose run failed, with the cause, and what
+        the sandbox refused in each student's kernel.
+    """
+    if not groups:
+        return {}, {}
+    jupyter = _kernel_spec(run, assignment, layers)
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["JUPYTER_PATH"] = os.pathsep.join([str(jupyter), env.get("JUPYTER_PATH", "")]).rstrip(
         os.pathsep)
     env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force",
-               f"--CourseDirectory.submitted_directory={staged.relative_to(course)}",
-               f"--Execute.kernel_name={KERNEL_NAME}", f"--Execute.timeout={cell_timeout}",
-               "--Execute.interrupt_on_timeout=True", "--Execute.raise_on_iopub_timeout=False"]
-    failures: dict[str, str] = {}
-    try:
-        process = subprocess.run(command, cwd=course, env=env, capture_output=True, text=True,
-                                 timeout=timeout, check=False)
-        log = process.stdout + process.stderr
-    except subprocess.TimeoutExpired as error:
-        log = (error.stdout or b"").decode(errors="replace") if isinstance(
-            error.stdout, bytes) else (error.stdout or "")
-        for student in students:
-            if not (course / "autograded" / student / assignment).exists():
-                failures[student] = (f"nbgrader's feedback run was stopped after {timeout:g} s "
-                                     "before it reached this notebook")
-    (course / "logs").mkdir(exist_ok=True)
-    (course / "logs" / f"autograde-{assignment}.log").write_text(log, encoding="utf-8")
+    env["OMP_NUM_THREADS"] = "1" if len(groups) > 1 else env.get("OMP_NUM_THREADS", "")
+    if not env["OMP_NUM_THREADS"]:
+        del env["OMP_NUM_THREADS"]
+    processes = []
+    for staged, _ in groups:
+        command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force",
+                   f"--CourseDirectory.submitted_directory={staged.relative_to(course)}",
+                   f"--Execute.kernel_name={KERNEL_NAME}", f"--Execute.timeout={cell_timeout}",
+                   "--Execute.interrupt_on_timeout=True",
+                   "--Execute.raise_on_iopub_timeout=False"]
+        processes.append(subprocess.Popen(command, cwd=course, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + timeout
+    logs, failures, refusals = [], {}, {}
     from .course import nbgrader_errors
 
-    for student, section in _sections(log, staged).items():
-        causes = [c for c in nbgrader_errors(section)
-                  if "error processing" not in c.lower() and "see the" not in c.lower()
-                  and "traceback" not in c.lower() and "interrupting kernel" not in c.lower()
-                  and "subprocesses termination" not in c.lower()]
-        if _FAILED_BLOCK.search(section):
-            failures[student] = ("nbgrader's feedback run failed"
-                                 + (f": {causes[-1][:300]}" if causes else ""))
-        elif causes:
-            failures[student] = ("nbgrader's feedback run was interrupted: "
-                                 + "; ".join(dict.fromkeys(c[:200] for c in causes)))
-    for student in students:
-        if student not in failures and not any(
-                (course / "autograded" / student / assignment).glob("*.ipynb")):
-            causes = nbgrader_errors(log)
-            failures[student] = ("nbgrader's feedback run made no notebook"
-                                 + (f": {causes[-1][:300]}" if causes else "")
-                                 + f" (whole log: logs/autograde-{assignment}.log)")
-    return failures, log
+    for (staged, students), process in zip(groups, processes, strict=True):
+        try:
+            log, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            log, _ = process.communicate()
+            for student in students:
+                if not (course / "autograded" / student / assignment).exists():
+                    failures[student] = (f"nbgrader's feedback run was stopped after "
+                                         f"{timeout:g} s before it reached this notebook")
+        logs.append(log or "")
+        for student, section in _sections(log or "", staged).items():
+            for match in _SANDBOX_LINE.finditer(section):
+                refusals.setdefault(student, []).append(
+                    f"{match['kind']}: {shorten_paths(match['text'])[:200]}")
+            causes = [c for c in nbgrader_errors(section)
+                      if "error processing" not in c.lower() and "see the" not in c.lower()
+                      and "traceback" not in c.lower() and "interrupting kernel" not in c.lower()
+                      and "subprocesses termination" not in c.lower()]
+            if _FAILED_BLOCK.search(section):
+                failures[student] = ("nbgrader's feedback run failed"
+                                     + (f": {causes[-1][:300]}" if causes else ""))
+            elif causes:
+                failures[student] = ("nbgrader's feedback run was interrupted: "
+                                     + "; ".join(dict.fromkeys(c[:200] for c in causes)))
+        for student in students:
+            if student not in failures and not any(
+                    (course / "autograded" / student / assignment).glob("*.ipynb")):
+                causes = nbgrader_errors(log or "")
+                failures[student] = ("nbgrader's feedback run made no notebook"
+                                     + (f": {causes[-1][:300]}" if causes else "")
+                                     + f" (whole log: logs/autograde-{assignment}.log)")
+    (course / "logs").mkdir(exist_ok=True)
+    (course / "logs" / f"autograde-{assignment}.log").write_text("\n".join(logs),
+                                                                 encoding="utf-8")
+    return failures, refusals
 
 
 # --------------------------------------------------------------------------- outputs
@@ -466,20 +466,86 @@ def read_flags(course_dir) -> list[dict]:
     return [entry for entry in data.get("flags", []) if isinstance(entry, dict)]
 
 
-def _record_flags(course: Path, new: list[dict]) -> list[dict]:
+def _record_flags(course: Path, new: list[dict], known: list[dict] | None = None) -> list[dict]:
+    """Add ``new`` flags to ``grading/flags.json``, atomically, and return them all.
+
+    Args:
+        course: the course folder.
+        new: the flags of this run.
+        known: the flags read before any student code of the run executed; none of them is
+            ever dropped, whatever the file says now.
+    """
     flags = read_flags(course)
-    known = {(f["assignment"], f["student"], f["exercise"], f["flag"]) for f in flags}
+    seen = {(f["assignment"], f["student"], f["exercise"], f["flag"]) for f in flags}
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    for entry in new:
+    for entry in [*(known or []), *new]:
         key = (entry["assignment"], entry["student"], entry["exercise"], entry["flag"])
-        if key not in known:
-            flags.append({**entry, "first_seen": now})
-            known.add(key)
-    path = _flags_path(course)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"flags": flags}, indent=1), encoding="utf-8")
-    temporary.replace(path)
+        if key not in seen:
+            flags.append({**entry, "first_seen": entry.get("first_seen", now)})
+            seen.add(key)
+    _write_atomically(_flags_path(course), json.dumps({"flags": flags}, indent=1))
     return flags
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write a whole file or nothing: a temporary file beside it, synced, then renamed."""
+    import tempfile
+
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def _course_lock(course: Path):
+    """Hold ``grading/autograde.lock``: runs on one course wait for each other."""
+    import fcntl
+
+    path = _grading_dir(course) / "autograde.lock"
+    with path.open("a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            print(f"waiting for the other autograde run on this course ({handle.read().strip()})"
+                  " to finish", file=sys.stderr)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, since {time.strftime('%H:%M:%S')}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _package_record(course: Path) -> Path:
+    return _grading_dir(course) / "package.json"
+
+
+def _check_package(course: Path, fingerprint: dict[str, str]) -> None:
+    """Refuse a package that changed since a run that ran without kernel isolation."""
+    path = _package_record(course)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    changed = integrity.changed_files(record.get("fingerprint", {}), fingerprint)
+    if changed and not record.get("protected", False):
+        raise integrity.PackageChanged(
+            "the book's package changed since the last autograde of this course, which ran "
+            "without kernel isolation (so a student's code could have changed it): "
+            + ", ".join(changed[:5]) + ". Reinstall the package from a clean copy (git "
+            "checkout, or pip install --force-reinstall), then delete "
+            f"{path} to accept it")
 
 
 # --------------------------------------------------------------------------- the gradebook
@@ -503,7 +569,7 @@ def _manual_scores(course: Path, assignment: str) -> dict[tuple[str, str], tuple
 
 
 def _write_grades(course: Path, assignment: str, grade: StudentGrade,
-                  snapshot: dict[tuple[str, str], tuple]) -> None:
+                  snapshot: dict[tuple[str, str], tuple], protected: bool = True) -> None:
     from nbgrader.api import Gradebook
 
     results = {cell.grade_id: cell for e in grade.exercises for cell in e.cells}
@@ -533,13 +599,12 @@ def _write_grades(course: Path, assignment: str, grade: StudentGrade,
             if exercise is not None:
                 comment.auto_comment = _comment(exercise, grade.flags.get(exercise.key, []),
                                                 any(exercise_of(g) == exercise.key
-                                                    for g in grade.kept_manual))
+                                                    for g in grade.kept_manual), protected)
         gradebook.db.commit()
 
 
-def _comment(exercise: ExerciseResult, flags: list[str], manual: bool) -> str:
-    from .feedback import shorten_paths
-
+def _comment(exercise: ExerciseResult, flags: list[str], manual: bool,
+             protected: bool = True) -> str:
     points = f"{exercise.score:g} of {exercise.points:g}" if not flags \
         else f"0 of {exercise.points:g}"
     text = [f"Graded in a clean run of this answer cell on its own: {points} points."]
@@ -551,6 +616,8 @@ def _comment(exercise: ExerciseResult, flags: list[str], manual: bool) -> str:
     if manual:
         text.append("The instructor set a manual score for this exercise, which is the one "
                     "that counts.")
+    if not protected:
+        text.append("UNPROTECTED: this run had no kernel-enforced isolation.")
     return shorten_paths("\n".join(text))
 
 
@@ -560,7 +627,8 @@ def _comment(exercise: ExerciseResult, flags: list[str], manual: bool) -> str:
 def autograde(course_dir: str | os.PathLike, assignment: str,
               students: list[str] | None = None, *, feedback_run: bool = True,
               limits: Limits | None = None, cell_timeout: int = 180,
-              feedback_timeout: float | None = None) -> AutogradeReport:
+              feedback_timeout: float | None = None, jobs: int | None = None,
+              unsafe: bool = False, use_jail: bool = True) -> AutogradeReport:
     """Grade ``assignment`` for every student who handed it in (see the module docstring).
 
     Args:
@@ -571,12 +639,18 @@ def autograde(course_dir: str | os.PathLike, assignment: str,
         limits: the limits of each answer process (:class:`~.clean.Limits`).
         cell_timeout: seconds for one cell in nbgrader's feedback run.
         feedback_timeout: seconds for the whole feedback run (default: 10 minutes a student).
+        jobs: students graded at once (default: the machine's cores).
+        unsafe: grade even where no kernel-enforced layer fences files (every grade of the
+            run is then marked unprotected).
+        use_jail: use the private file view where the machine allows it.
 
     Returns:
         An :class:`AutogradeReport`.
 
     Raises:
-        ValueError: no course, an unknown assignment or student, or no submissions.
+        ValueError: no course, an unknown assignment or student, no submissions, or no
+            kernel-enforced isolation here without ``unsafe``.
+        integrity.PackageChanged: the package is not the one the run started with.
     """
     start = time.monotonic()
     course = course_folder(course_dir)
@@ -585,83 +659,144 @@ def autograde(course_dir: str | os.PathLike, assignment: str,
     if not notebooks:
         raise ValueError(f"nobody has handed in {assignment} yet (submitted/*/{assignment} is "
                          "empty); collect the submissions first")
-    source_path = course / "source" / assignment / f"{assignment}.ipynb"
-    source = json.loads(source_path.read_text(encoding="utf-8"))
-    exercises = read_exercises(source)
-    problems: dict[str, list[str]] = {student: [] for student in notebooks}
-    snapshot = _manual_scores(course, assignment)
-    failures: dict[str, str] = {}
-    if feedback_run:
-        staged = _stage(course, assignment, notebooks, source, problems)
-        runnable = [s for s in notebooks if (staged / s / assignment).is_dir()]
-        failures, _ = _nbgrader_feedback_run(
-            course, assignment, staged, runnable, cell_timeout,
-            feedback_timeout if feedback_timeout is not None else 600.0 * max(1, len(runnable)))
-        _bound_autograded(course, assignment, runnable, source)
-        shutil.rmtree(staged, ignore_errors=True)
-        for student, cause in failures.items():
-            if student in problems:
-                problems[student].append(cause)
-    grades: list[StudentGrade] = []
-    new_flags: list[dict] = []
-    try:
-        graded, isolated = grade_submissions(source, notebooks, limits=limits)
-    except RuntimeError as error:
-        from .clean import CellResult
+    jobs = max(1, int(jobs or default_jobs()))
+    layers = sandbox.available_layers(use_jail=use_jail)
+    if not layers.protected and not unsafe:
+        raise ValueError(
+            "this machine gives graded code no kernel-enforced isolation (no user namespaces, "
+            "no Landlock): a student's native code could read other students' work and "
+            f"rewrite the grader. Grade on a machine that has them, or pass {UNSAFE_OPTION} "
+            "(make autograde UNSAFE=1) to grade anyway: every grade of the run is then marked "
+            "UNPROTECTED")
+    with _course_lock(course):
+        fingerprint = integrity.fingerprint()  # before any student code of this run
+        _check_package(course, fingerprint)
+        source_path = course / "source" / assignment / f"{assignment}.ipynb"
+        source_text = source_path.read_text(encoding="utf-8")
+        source = json.loads(source_text)  # the hidden tests, loaded before any student code
+        exercises = read_exercises(source)
+        problems: dict[str, list[str]] = {student: [] for student in notebooks}
+        snapshot = _manual_scores(course, assignment)
+        known_flags = read_flags(course)
+        try:
+            graded, _ = grade_submissions(source, notebooks, limits=limits, jobs=jobs,
+                                          layers=layers, fingerprint=fingerprint)
+        except RuntimeError as error:
+            graded = {}
+            for student in notebooks:
+                graded[student] = [ExerciseResult(
+                    e.key, e.title, [CellResult(c.grade_id, c.points) for c in e.grade_cells],
+                    cause=f"This exercise could not be graded ({error}); tell your "
+                          "instructor.") for e in exercises]
+                problems[student].append(f"the clean grading failed: {error}")
+        refusals: dict[str, list[str]] = {}
+        if feedback_run:  # after the clean grade: nothing it runs can reach a grade
+            run = _grading_dir(course) / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            try:
+                groups = _stage(run, assignment, notebooks, source, problems, jobs)
+                failures, refusals = _nbgrader_feedback_run(
+                    course, assignment, run, groups, layers, cell_timeout,
+                    feedback_timeout if feedback_timeout is not None
+                    else 600.0 * max(1, -(-len(notebooks) // jobs)))
+                _bound_autograded(course, assignment, [s for _, g in groups for s in g], source)
+            finally:
+                shutil.rmtree(run, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    run.parent.rmdir()  # grading/runs/, when no other run is there
+            for student, cause in failures.items():
+                if student in problems:
+                    problems[student].append(cause)
+        grades = _grades(assignment, notebooks, graded, problems, refusals)
+        new_flags = [{"assignment": assignment, "student": grade.student, "exercise": key,
+                      "flag": flag} for grade in grades for key, flags in grade.flags.items()
+                     for flag in flags]
+        for grade in grades:
+            grade.flags = {}
+        all_flags = _record_flags(course, new_flags, known_flags)
+        for grade in grades:
+            for entry in all_flags:
+                if entry["assignment"] == assignment and entry["student"] == grade.student:
+                    grade.flags.setdefault(entry["exercise"], []).append(entry["flag"])
+            _write_grades(course, assignment, grade, snapshot, layers.protected)
+        for grade in grades:  # a manual score written by someone's code is a flag of that student
+            if grade.reverted:
+                entry = {"assignment": assignment, "student": grade.student,
+                         "exercise": "gradebook",
+                         "flag": "a manual score appeared in the gradebook during grading: "
+                                 + "; ".join(grade.reverted[:3])}
+                _record_flags(course, [entry], known_flags)
+                grade.flags.setdefault("gradebook", []).append(entry["flag"])
+        summary = _write_summary(course, assignment, grades, layers)
+        after = integrity.fingerprint()
+        changed = integrity.changed_files(fingerprint, after)
+        source_changed = source_path.read_text(encoding="utf-8") != source_text
+        _write_atomically(_package_record(course), json.dumps(
+            {"fingerprint": fingerprint, "protected": layers.protected and not changed}))
+        if changed or source_changed:
+            what = ", ".join(changed[:5]) if changed else str(source_path)
+            raise integrity.PackageChanged(
+                f"{what} changed during this run (after the clean grade, which used the "
+                "files as they were at its start): reinstall the package or restore the "
+                "instructor notebook before the next run")
+    return AutogradeReport(assignment, grades, layers.protected, summary,
+                           time.monotonic() - start, layers, jobs)
 
-        isolated, graded = False, {}
-        for student in notebooks:
-            graded[student] = [ExerciseResult(
-                e.key, e.title, [CellResult(c.grade_id, c.points) for c in e.grade_cells],
-                cause=f"This exercise could not be graded ({error}); tell your instructor.")
-                for e in exercises]
-            problems[student].append(f"the clean grading failed: {error}")
+
+def _grades(assignment: str, notebooks: dict[str, Path], graded: dict,
+            problems: dict[str, list[str]], refusals: dict[str, list[str]]) -> list[StudentGrade]:
+    grades = []
     for student in notebooks:
         grade = StudentGrade(student, assignment, exercises=graded[student],
                              problems=problems[student])
         for result in grade.exercises:
             for flag in result.flags:
-                new_flags.append({"assignment": assignment, "student": student,
-                                  "exercise": result.key, "flag": flag})
+                grade.flags.setdefault(result.key, []).append(flag)
+        stops = [text for text in refusals.get(student, []) if text.startswith("stopped")]
+        grade.problems += [f"nbgrader's feedback run: the sandboxed kernel {text}"
+                           for text in stops]
+        for text in refusals.get(student, []):
+            if text.startswith("refused"):
+                grade.flags.setdefault(FEEDBACK_RUN, []).append(
+                    "in nbgrader's feedback run (no points at stake), the sandbox "
+                    + text.replace("refused: ", "refused ", 1))
         grades.append(grade)
-    all_flags = _record_flags(course, new_flags)
-    for grade in grades:
-        for entry in all_flags:
-            if entry["assignment"] == assignment and entry["student"] == grade.student:
-                grade.flags.setdefault(entry["exercise"], []).append(entry["flag"])
-        _write_grades(course, assignment, grade, snapshot)
-    for grade in grades:  # a manual score written by someone's code is a flag of that student
-        if grade.reverted:
-            entry = {"assignment": assignment, "student": grade.student, "exercise": "gradebook",
-                     "flag": "a manual score appeared in the gradebook during grading: "
-                             + "; ".join(grade.reverted[:3])}
-            _record_flags(course, [entry])
-            grade.flags.setdefault("gradebook", []).append(entry["flag"])
-    summary = _write_summary(course, assignment, grades)
-    return AutogradeReport(assignment, grades, isolated, summary, time.monotonic() - start)
+    return grades
 
 
-def _write_summary(course: Path, assignment: str, grades: list[StudentGrade]) -> Path:
+def _write_summary(course: Path, assignment: str, grades: list[StudentGrade],
+                   layers: sandbox.Layers) -> Path:
     path = _grading_dir(course) / f"summary-{assignment}.csv"
     graded = {grade.student for grade in grades}
+    header = ["student", "assignment", "exercise", "score", "max_score", "cause", "flags",
+              "isolation"]
     kept = []  # the rows of students this run did not grade (STUDENT=… runs)
     if path.exists():
         with path.open(encoding="utf-8") as handle:
             kept = [row for row in csv.reader(handle)][1:]
-        kept = [row for row in kept if row and row[0] not in graded]
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["student", "assignment", "exercise", "score", "max_score", "cause",
-                         "flags"])
-        writer.writerows(kept)
-        for grade in grades:
-            for exercise in grade.exercises:
-                flags = grade.flags.get(exercise.key, [])
-                score = 0.0 if flags else exercise.score
-                writer.writerow([grade.student, assignment, exercise.key, f"{score:g}",
-                                 f"{exercise.points:g}", exercise.cause, " | ".join(flags)])
-            for problem in grade.problems:
-                writer.writerow([grade.student, assignment, "", "", "", problem, ""])
+        kept = [row + [""] * (len(header) - len(row)) for row in kept
+                if row and row[0] not in graded]
+    isolation = layers.describe()
+    rows = []
+    for grade in grades:
+        for exercise in grade.exercises:
+            flags = grade.flags.get(exercise.key, [])
+            score = 0.0 if flags else exercise.score
+            rows.append([grade.student, assignment, exercise.key, f"{score:g}",
+                         f"{exercise.points:g}", exercise.cause, " | ".join(flags), isolation])
+        for problem in grade.problems:
+            rows.append([grade.student, assignment, "", "", "", problem, "", isolation])
+        for key in (FEEDBACK_RUN, "gradebook"):
+            if grade.flags.get(key):
+                rows.append([grade.student, assignment, key, "", "", "",
+                             " | ".join(grade.flags[key]), isolation])
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(kept)
+    writer.writerows(rows)
+    _write_atomically(path, buffer.getvalue())
     return path
 
 
@@ -686,15 +821,17 @@ def autograde_summary(report: AutogradeReport) -> list[str]:
                 detail = "; ".join(c.detail for c in exercise.cells if c.detail)
                 lines.append(f"  {exercise.key}: {exercise.score:g} / {exercise.points:g}: "
                              f"{_one_line(exercise.cause)}" + (f" [{detail}]" if detail else ""))
-        for flag in grade.flags.get("gradebook", []):
+        for flag in grade.flags.get("gradebook", []) + grade.flags.get(FEEDBACK_RUN, []):
             lines.append(f"  FLAG: {flag}")
         for problem in grade.problems:
             lines.append(f"  problem: {problem}")
         for grade_id in grade.kept_manual:
             lines.append(f"  {grade_id}: keeps your manual score")
+    lines.append(f"isolation of this run ({report.jobs} at a time): {report.layers.describe()}")
     if not report.isolated:
-        lines.append("note: this machine gives no private file view (user namespaces are off): "
-                     "the answers ran with the audit hook and limits only; see the guide")
+        lines.append("WARNING: every grade of this run is UNPROTECTED (marked so in the summary "
+                     "and the export): a student's native code could have read other students' "
+                     "work or changed files you own; see the guide")
     return lines
 
 
@@ -712,7 +849,7 @@ def released_assignments(course_dir: str | os.PathLike) -> list[str]:
     """
     from nbgrader.api import Gradebook
 
-    course = _course(course_dir)
+    course = course_folder(course_dir)
     if not (course / "gradebook.db").exists():
         return []
     with Gradebook(_db_url(course)) as gradebook:
@@ -730,12 +867,15 @@ def exercise_scores(course_dir: str | os.PathLike,
 
     Returns:
         Dicts with ``assignment``, ``student``, ``exercise``, ``kind`` (``autograded`` or
-        ``written``), ``score``, ``max_score``, ``needs_manual_grade`` and ``comment``.
+        ``written``), ``score``, ``max_score``, ``needs_manual_grade``, ``comment`` and
+        ``isolation`` (the layers of the run that graded it, ``UNPROTECTED: …`` without any;
+        empty for written answers).
     """
     from nbgrader.api import Gradebook
 
-    course = _course(course_dir)
+    course = course_folder(course_dir)
     assignments = released_assignments(course) if assignments is None else assignments
+    isolation = _isolation_of(course, assignments)
     rows = []
     with Gradebook(_db_url(course)) as gradebook:
         for assignment in assignments:
@@ -750,12 +890,28 @@ def exercise_scores(course_dir: str | os.PathLike,
                             "assignment": assignment, "student": submission.student.id,
                             "exercise": key[0], "kind": kind, "score": 0.0,
                             "max_score": 0.0, "needs_manual_grade": False,
-                            "comment": comments.get(key[0]) or ""})
+                            "comment": comments.get(key[0]) or "",
+                            "isolation": isolation.get((assignment, submission.student.id), "")
+                            if kind == "autograded" else ""})
                         row["score"] += float(grade.score or 0.0)
                         row["max_score"] += float(grade.max_score)
                         row["needs_manual_grade"] |= bool(grade.needs_manual_grade)
                     rows += list(merged.values())
     return sorted(rows, key=lambda r: (r["assignment"], r["student"], r["exercise"], r["kind"]))
+
+
+def _isolation_of(course: Path, assignments: list[str]) -> dict[tuple[str, str], str]:
+    """The isolation each student's last autograde had, from the summaries."""
+    found = {}
+    for assignment in assignments:
+        path = _grading_dir(course) / f"summary-{assignment}.csv"
+        if not path.exists():
+            continue
+        with path.open(encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                if row.get("isolation"):
+                    found[(assignment, row["student"])] = row["isolation"]
+    return found
 
 
 def export_grades(course_dir: str | os.PathLike, assignments: list[str] | None = None,
@@ -774,7 +930,7 @@ def export_grades(course_dir: str | os.PathLike, assignments: list[str] | None =
     Raises:
         ValueError: no assignment has been handed in yet.
     """
-    course = _course(course_dir)
+    course = course_folder(course_dir)
     assignments = released_assignments(course) if assignments is None else list(assignments)
     if not assignments:
         raise ValueError("no assignment has been handed in yet: nothing to export")
@@ -787,7 +943,8 @@ def export_grades(course_dir: str | os.PathLike, assignments: list[str] | None =
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=["assignment", "student", "exercise", "kind",
                                                     "score", "max_score",
-                                                    "needs_manual_grade", "comment"])
+                                                    "needs_manual_grade", "comment",
+                                                    "isolation"])
         writer.writeheader()
         writer.writerows(rows)
     return course / to, path

@@ -1,31 +1,37 @@
 """The sandbox in which a student's code runs while it is graded.
 
-Two processes run student code during ``autograde``: the process that holds one answer
-while its hidden tests call it (:mod:`.clean`), and the Jupyter kernel in which nbgrader
-re-runs the whole notebook for the student's feedback. Both enter this sandbox before any
-student code runs, in layers:
+Two kinds of process run student code during ``autograde``: the process that holds one
+answer while its hidden tests call it (:mod:`.clean`), and the Jupyter kernel in which
+nbgrader re-runs the whole notebook for the student's feedback. Both enter this sandbox
+before any student code runs, in layers; the first three are enforced by the kernel:
 
-1. **A private view of the file system** (:func:`enter_jail`), where the kernel allows it
-   (Linux user and mount namespaces, available to ordinary accounts on most distributions):
-   the process gets a new, empty root in which only the Python installation, the virtual
-   environment and the book's package are visible, read-only, at their usual paths (the
-   checkers and the grader hidden in the answer's sandbox), plus, for a kernel, its own
-   notebook folder (read-only) and a small private ``/tmp``. The course folder (``source/``,
-   ``gradebook.db``, other students' work), the repository and every home folder simply do
-   not exist there, and nothing outside can be written. Capabilities are dropped afterwards,
-   so the view cannot be undone.
-2. **Resource limits** (:func:`limit_resources`): memory, CPU time, open files, and for an
-   answer no file writes at all (``RLIMIT_FSIZE`` 0).
-3. **An audit hook** (:func:`install_audit_hook`, PEP 578), which cannot be removed once
-   installed: file opens outside the readable roots, any write outside the private scratch
-   folder, new processes (for an answer), sockets, ``ctypes``, ``sqlite3``, changes of
-   limits, and imports of the checkers or the grader raise :class:`PermissionError` with a
-   sentence a student can read. Functions that read or map files below Python's view
-   (``torch.from_file``, ``numpy.fromfile``, loading native libraries) are replaced by ones
-   that refuse (:func:`neuter_native_file_access`).
+1. **A private view of the file system** (:func:`enter_jail`), where the kernel allows
+   unprivileged user namespaces: a new, empty root in which only the Python installation,
+   the virtual environment and the book's package exist, read-only, at their usual paths
+   (the checkers and the grader hidden in an answer's view), plus a private scratch folder,
+   and for an answer an empty network namespace (no network device at all). The course
+   folder, the repository and every home folder do not exist there. Docker's default
+   seccomp profile, Kubernetes and Ubuntu 24.04's AppArmor refuse these namespaces; the
+   next two layers do not need them.
+2. **Landlock** (:mod:`.landlock`, Linux 5.13 and later, no privileges): files may be read
+   only beneath the Python roots and the package (for an answer without the checkers and
+   the grader), written only in the private scratch folder; no TCP bind or connect (a
+   kernel may listen on exactly the five ports of its connection file); no signal and no
+   abstract socket reaches a process outside the sandbox. Nothing else of ``/proc`` than
+   the process's own entry is readable.
+3. **A seccomp filter** (:mod:`.syscalls`): no socket but local ones, no new processes, no
+   writable shared file mappings, no ptrace and no reach into other processes, no
+   namespaces, mounts, BPF or ``io_uring``.
+4. **Resource limits** (:func:`limit_resources`): memory, CPU time, open files, file size.
+5. **An audit hook** (:func:`install_audit_hook`, PEP 578), which explains in a sentence a
+   student can read why an attempt from Python (opening the course, a socket, ``ctypes``,
+   importing the checkers) is refused, and reports it. It is an explanation, not the
+   boundary: native code below Python (``torch.ops.aten.from_file``, any C++ operator
+   that opens a path) never passes it, and is stopped by layers 1-3.
 
-Where namespaces are not available, layers 2 and 3 still hold (:func:`jail_available`
-says which); the instructor guide says what that leaves open.
+:func:`available_layers` says which layers this machine gives; :data:`POLICIES` states what
+a chapter's own cells need beyond the default (chapter 17 starts worker processes that talk
+over loopback TCP).
 
 ``python -m attention_book.classroom.sandbox kernel -f CONNECTION_FILE`` is the sandboxed
 Jupyter kernel that the book's course configuration gives nbgrader.
@@ -36,6 +42,7 @@ Not taught in a chapter: the instructor guide (``instructor_guide.md``) explains
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import resource
@@ -43,13 +50,31 @@ import signal
 import sys
 import sysconfig
 from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["SandboxError", "enter_jail", "install_audit_hook", "jail_available",
-           "limit_resources", "neuter_native_file_access", "python_roots", "package_root"]
+if __package__:
+    from . import landlock, syscalls
+else:  # pragma: no cover - the kernel spec runs this file as a script, without the package
+    import importlib.util
+
+    def _sibling(name: str):
+        spec = importlib.util.spec_from_file_location(
+            f"_sandbox_{name}", Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    landlock, syscalls = _sibling("landlock"), _sibling("syscalls")
+
+__all__ = ["POLICIES", "Layers", "Policy", "SandboxError", "available_layers", "confine",
+           "enter_jail", "install_audit_hook", "jail_available", "limit_resources",
+           "neuter_native_file_access", "package_root", "policy_for", "python_roots",
+           "readable_tree"]
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV = 1, 2, 4
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE = 38, 4
@@ -94,6 +119,111 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 class SandboxError(RuntimeError):
     """The sandbox could not be set up as asked."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a chapter's own code needs beyond the default sandbox (which allows neither).
+
+    Args:
+        processes: the chapter's cells start worker processes (they inherit every layer).
+        loopback_tcp: those workers talk to each other over TCP on loopback. Only a private
+            network namespace (layer 1) can limit TCP to loopback; where there is none, TCP
+            stays closed and those cells fail in the feedback run (the grade never depends
+            on them).
+    """
+
+    processes: bool = False
+    loopback_tcp: bool = False
+
+
+#: Per chapter, what its cells need; every chapter not named here gets ``Policy()``. The
+#: answers themselves never get more than the default: no exercise needs a process or a
+#: socket (chapter 17's exercises are pure functions; its cells start gloo ranks).
+POLICIES: dict[int, Policy] = {17: Policy(processes=True, loopback_tcp=True)}
+
+
+def policy_for(chapter: int | None) -> Policy:
+    """The sandbox policy of a chapter's feedback kernel (:data:`POLICIES`).
+
+    Args:
+        chapter: the chapter number (``None``: the default).
+
+    Returns:
+        Its :class:`Policy`.
+    """
+    return POLICIES.get(chapter, Policy()) if chapter is not None else Policy()
+
+
+@dataclass(frozen=True)
+class Layers:
+    """The kernel-enforced layers of a sandbox: offered by a machine, or entered by a process.
+
+    Args:
+        namespaces: the private view (user, mount and, for answers, network namespaces).
+        landlock: the Landlock ABI in force (0: none).
+        seccomp: the syscall filter is loaded.
+    """
+
+    namespaces: bool = False
+    landlock: int = 0
+    seccomp: bool = False
+
+    @property
+    def protected(self) -> bool:
+        """Whether files are fenced by the kernel (a private view or Landlock)."""
+        return self.namespaces or self.landlock > 0
+
+    def __bool__(self) -> bool:
+        return self.protected
+
+    def describe(self) -> str:
+        """One line naming each layer, for the instructor's summary."""
+        parts = []
+        if self.namespaces:
+            parts.append("private file view (user and mount namespaces; for answers an empty "
+                         "network namespace too)")
+        if self.landlock:
+            net = ", TCP" if self.landlock >= 4 else ""
+            scope = ", signals" if self.landlock >= 6 else ""
+            parts.append(f"Landlock ABI {self.landlock} (files{net}{scope})")
+        if self.seccomp:
+            parts.append("seccomp filter (sockets, processes, shared writable mappings, ptrace)")
+        if not parts:
+            return ("UNPROTECTED: no kernel-enforced layer (audit hook and resource limits "
+                    "only)")
+        return " + ".join(parts) + " + resource limits + audit hook"
+
+    def to_json(self) -> str:
+        """The layers as JSON (they travel to the processes that report them)."""
+        return json.dumps(asdict(self))
+
+
+def available_layers(*, use_jail: bool = True) -> Layers:
+    """Which kernel-enforced layers this machine gives a graded process (each tried in a child).
+
+    Args:
+        use_jail: consider the private view (False: as if the machine refused it).
+
+    Returns:
+        The :class:`Layers` a sandbox here would enter.
+    """
+    return Layers(namespaces=bool(use_jail and jail_available()), landlock=landlock.abi_version(),
+                  seccomp=_in_child(lambda: syscalls.confine(kill=False)))
+
+
+def _in_child(action: Callable[[], None]) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            action()
+            os._exit(0)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 # --------------------------------------------------------------------------- paths
@@ -149,6 +279,43 @@ def _unique(paths: Iterable[str]) -> list[str]:
     return seen
 
 
+def readable_tree(roots: Iterable[str], hidden: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Split readable roots so that Landlock can leave the ``hidden`` folders out.
+
+    Landlock rights hold for a whole folder tree and cannot be taken back beneath it, so a
+    root with a hidden folder inside is opened entry by entry instead.
+
+    Args:
+        roots: folders (or files) that may be read.
+        hidden: folders inside them that may not be read.
+
+    Returns:
+        ``(readable, listable)``: paths to read in full, and folders whose listing alone may
+        be read (the parents of hidden folders; their names stay visible).
+    """
+    hidden = [os.path.realpath(path) for path in hidden]
+    readable: list[str] = []
+    listable: list[str] = []
+
+    def walk(path: str) -> None:
+        if any(path == h for h in hidden):
+            return
+        if not any(h.startswith(path.rstrip("/") + "/") for h in hidden):
+            readable.append(path)
+            return
+        listable.append(path)
+        try:
+            entries = sorted(os.listdir(path))
+        except OSError:
+            return
+        for name in entries:
+            walk(os.path.join(path, name))
+
+    for root in _unique(roots):
+        walk(root)
+    return readable, listable
+
+
 def _under(path: str, roots: tuple[str, ...]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
@@ -175,22 +342,13 @@ def _write(path: str, text: str) -> None:
 
 
 def jail_available() -> bool:
-    """Whether this machine lets an ordinary process create user and mount namespaces.
+    """Whether this machine lets an ordinary process create user, mount and network namespaces.
 
     Returns:
         True when :func:`enter_jail` can work here (checked in a throwaway child process).
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        try:
-            _check(_libc().unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare")
-            os._exit(0)
-        except BaseException:  # noqa: BLE001
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    return _in_child(lambda: _check(_libc().unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET),
+                                    "unshare"))
 
 
 def _bind(libc, source: str, target: str, *, writable: bool = False) -> None:
@@ -231,10 +389,13 @@ def _drop_capabilities(libc) -> None:
 
 def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iterable[str] = (),
                scratch: str | None = None, scratch_megabytes: int = 64,
-               cwd: str = "/") -> None:
+               cwd: str = "/", network: bool = True) -> None:
     """Move this (single-threaded) process into a private, read-only view of the files.
 
     Args:
+        network: also an empty network namespace (no device but a loopback that is down):
+            no network at all. A Jupyter kernel keeps the machine's, because nbgrader talks
+            to it over loopback TCP; Landlock then fences its ports.
         root: an empty folder that becomes the new root (a tmpfs is mounted on it).
         readable: files and folders to show at their usual paths, read-only.
         hidden: folders inside ``readable`` to cover with an empty folder.
@@ -247,7 +408,8 @@ def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iter
     """
     libc = _libc()
     uid, gid = os.geteuid(), os.getegid()
-    _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare(user, mount)")
+    flags = _CLONE_NEWUSER | _CLONE_NEWNS | (_CLONE_NEWNET if network else 0)
+    _check(libc.unshare(flags), "unshare(user, mount" + (", network)" if network else ")"))
     try:
         _write("/proc/self/setgroups", "deny")
     except OSError:
@@ -286,6 +448,60 @@ def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iter
     os.chdir(cwd)
     _drop_capabilities(libc)
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+# --------------------------------------------------------------------------- kernel layers
+
+
+def confine(readable: Iterable[str], writable: Iterable[str] = (), *,
+            hidden: Iterable[str] = (), listen_ports: Iterable[int] = (),
+            policy: Policy = Policy(), network_namespace: bool = False, kill: bool = False,
+            all_threads: bool = False, filter_syscalls: bool = True) -> Layers:
+    """Enter layers 2 and 3 (Landlock and the seccomp filter), whichever this machine has.
+
+    Capabilities are dropped too (a grader run as root keeps none). Call it after
+    :func:`enter_jail`, if at all, and before any student code runs.
+
+    Args:
+        readable: files and folders that may be read (the system libraries are added).
+        writable: folders that may be written (the private scratch folder).
+        hidden: folders inside ``readable`` that stay closed (the checkers, the grader).
+        listen_ports: TCP ports the process may bind (a kernel's own).
+        policy: what the chapter's code needs beyond the default.
+        network_namespace: the process is in a private network namespace, so TCP that the
+            policy allows can only reach loopback.
+        kill: a refused system call ends the process with ``SIGSYS`` (answers); otherwise
+            it fails with ``EPERM`` (kernels).
+        all_threads: the process has threads already (seccomp reaches them; Landlock must
+            come before any thread, which the caller ensures).
+        filter_syscalls: load the seccomp filter now (a kernel loads it later, once its own
+            sockets exist).
+
+    Returns:
+        The :class:`Layers` now in force (``namespaces`` is ``network_namespace``).
+    """
+    tcp = policy.loopback_tcp and network_namespace
+    roots, listable = readable_tree([*readable, *SYSTEM_LIBRARIES, *_DEVICES], hidden)
+    abi = 0
+    if landlock.abi_version() > 0:
+        try:
+            abi = landlock.restrict([*roots, "/proc/self"], [*writable, "/dev/null"],
+                                    listable=listable, listen_ports=listen_ports, tcp=tcp)
+        except landlock.LandlockError:
+            abi = 0
+    try:
+        _drop_capabilities(_libc())
+    except SandboxError:
+        pass
+    filtered = False
+    if filter_syscalls:
+        try:
+            syscalls.confine(processes=policy.processes, tcp=tcp, kill=kill,
+                             all_threads=all_threads)
+            filtered = True
+        except syscalls.SyscallFilterError:
+            filtered = False
+    return Layers(namespaces=network_namespace, landlock=abi, seccomp=filtered)
 
 
 # --------------------------------------------------------------------------- limits
@@ -529,9 +745,13 @@ def block_imports(prefixes: Iterable[str]) -> None:
 def _kernel_main(argv: list[str]) -> int:
     """Start a sandboxed IPython kernel (nbgrader's kernel for feedback runs).
 
-    Reads ``BOOK_SANDBOX_*`` environment variables set by the course configuration:
+    Reads ``BOOK_SANDBOX_*`` environment variables set by the kernel spec of the run:
     ``BOOK_SANDBOX_READABLE`` (extra readable folders, ``os.pathsep``-separated),
-    ``BOOK_SANDBOX_MEMORY`` (bytes).
+    ``BOOK_SANDBOX_MEMORY`` (bytes), ``BOOK_SANDBOX_POLICY`` (a :class:`Policy` as JSON),
+    ``BOOK_SANDBOX_JAIL`` (``0``: no private view), ``BOOK_SANDBOX_REQUIRE`` (the
+    :class:`Layers` the run promised, as JSON: the kernel stops if it cannot enter them).
+    Every refusal is written to the kernel's own standard error as a ``[sandbox]`` line,
+    which nbgrader's log keeps for the instructor's summary.
     """
     cwd = os.getcwd()
     connection = None
@@ -546,22 +766,39 @@ def _kernel_main(argv: list[str]) -> int:
         return 2
     with open(connection, encoding="utf-8") as handle:
         connection_text = handle.read()
+    info = json.loads(connection_text)
+    ports = [int(info[key]) for key in ("shell_port", "iopub_port", "stdin_port",
+                                        "control_port", "hb_port") if info.get(key)]
+    policy = Policy(**json.loads(os.environ.get("BOOK_SANDBOX_POLICY", "{}")))
+    required = Layers(**json.loads(os.environ.get("BOOK_SANDBOX_REQUIRE", "{}")))
     extra = [p for p in os.environ.get("BOOK_SANDBOX_READABLE", "").split(os.pathsep) if p]
     readable = [*python_roots(), package_root(), cwd, *SYSTEM_LIBRARIES, *extra]
     memory = int(os.environ.get("BOOK_SANDBOX_MEMORY", str(8 * 2**30)))
+    log = os.dup(2)  # nbgrader's log: ipykernel sends fd 2 to the notebook later
+    running = [False]  # refusals while ipykernel starts (probes of its own) are not reported
+
+    def refused(event: str, detail: str) -> None:
+        if running[0]:
+            say(f"refused: {event} {detail}".strip())
+
+    def say(text: str) -> None:
+        try:
+            os.write(log, f"[sandbox] {text}\n".encode(errors="replace"))
+        except OSError:
+            pass
+
+    import tempfile
+
     jailed = False
     if os.environ.get("BOOK_SANDBOX_JAIL", "1") != "0":
-        import tempfile
-
         root = tempfile.mkdtemp(prefix="abk-kernel-")
         try:
-            enter_jail(root, readable, scratch="/tmp", scratch_megabytes=256, cwd=cwd)
+            enter_jail(root, readable, scratch="/tmp", scratch_megabytes=256, cwd=cwd,
+                       network=False)
             jailed = True
         except (SandboxError, OSError) as error:
-            print(f"[sandbox] no private file view ({error}); the audit hook still applies",
-                  file=sys.stderr)
-    scratch = "/tmp" if jailed else os.path.realpath(
-        __import__("tempfile").mkdtemp(prefix="abk-kernel-scratch-"))
+            say(f"no private file view ({error})")
+    scratch = "/tmp" if jailed else os.path.realpath(tempfile.mkdtemp(prefix="abk-kernel-"))
     connection_copy = os.path.join(scratch, "kernel-connection.json")
     with open(connection_copy, "w", encoding="utf-8") as handle:
         handle.write(connection_text)
@@ -569,8 +806,9 @@ def _kernel_main(argv: list[str]) -> int:
         if not key.startswith(_KERNEL_ENVIRONMENT):
             del os.environ[key]
     for key in ("HOME", "IPYTHONDIR", "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR", "XDG_CACHE_HOME",
-                "HF_HOME", "TORCHINDUCTOR_CACHE_DIR"):
+                "HF_HOME", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):
         os.environ[key] = scratch
+    tempfile.tempdir = scratch
     startup = os.path.join(scratch, "profile_default", "startup")
     os.makedirs(startup, exist_ok=True)
     open(os.path.join(startup, "README"), "w").close()  # IPython copies it otherwise
@@ -579,31 +817,51 @@ def _kernel_main(argv: list[str]) -> int:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     if "" in sys.path:
         sys.path.remove("")
+    # Landlock before the first thread (ipykernel starts several): it holds for all of them.
+    layers = confine(readable, [scratch], listen_ports=ports, policy=policy,
+                     filter_syscalls=False)
     import matplotlib
 
     matplotlib.use("module://matplotlib_inline.backend_inline")
     import matplotlib.font_manager  # noqa: F401 - the font cache is read before writes stop
-    from ipykernel import kernelapp, kernelbase
+    from ipykernel import kernelbase
+    from ipykernel.kernelapp import IPKernelApp
 
     listing = kernelbase.Kernel._process_children
 
-    def children(self):  # the jail has no /proc: no children to list, no error to log
+    def children(self):  # no other process's /proc is readable: no children to list
         try:
             return listing(self)
         except Exception:  # noqa: BLE001
             return []
 
     kernelbase.Kernel._process_children = children
-
-    # Without the jail nothing may be written at all (native code could write anywhere).
-    limit_resources(memory_bytes=memory, file_bytes=None if jailed else 0, open_files=4096)
-    neuter_native_file_access(processes=jailed)
-    install_audit_hook(readable=readable, writable=[scratch], allow_processes=jailed,
-                       blocked_modules=("nbgrader",))
+    contained = jailed or layers.landlock > 0
+    limit_resources(memory_bytes=memory, file_bytes=64 * 2**20 if contained else 0,
+                    open_files=4096)
+    neuter_native_file_access(processes=policy.processes)
+    install_audit_hook(readable=readable, writable=[scratch],
+                       allow_processes=policy.processes, blocked_modules=("nbgrader",),
+                       report=refused)
     args = [a for a in argv if a != connection and not a.startswith("-f")
             and not a.startswith("--HistoryManager.hist_file")]
-    kernelapp.launch_new_instance(argv=["-f", connection_copy, *args,
-                                        "--HistoryManager.hist_file=:memory:"])
+    app = IPKernelApp.instance()
+    app.initialize(["-f", connection_copy, *args, "--HistoryManager.hist_file=:memory:"])
+    filtered = False
+    try:  # after ipykernel made its sockets, before any cell runs, on every thread
+        syscalls.confine(processes=policy.processes, tcp=False, all_threads=True)
+        filtered = True
+    except syscalls.SyscallFilterError as error:
+        say(f"no seccomp filter ({error})")
+    layers = Layers(namespaces=jailed, landlock=layers.landlock, seccomp=filtered)
+    if (required.namespaces and not layers.namespaces) or layers.landlock < required.landlock \
+            or (required.seccomp and not layers.seccomp):
+        say(f"stopped: this kernel entered {layers.describe()}, not the {required.describe()} "
+            "that the run promised")
+        os._exit(3)
+    say(f"layers: {layers.describe()}")
+    running[0] = True
+    app.start()
     return 0
 
 
@@ -613,8 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["kernel"]:
         return _kernel_main(argv[1:])
     if argv[:1] == ["check"]:
-        print("private file view available" if jail_available() else
-              "no private file view on this machine (user namespaces are off)")
+        print(available_layers().describe())
         return 0
     print("usage: python -m attention_book.classroom.sandbox {kernel -f FILE | check}",
           file=sys.stderr)

@@ -13,8 +13,8 @@ import math
 import torch
 
 from .numerics import Tolerances, precise_dtype, row_change, tolerances_for
+from .outcomes import NotApplicable
 from .reference import ModuleReference, fit, function_hypotheses
-from .registry import NotApplicable
 from .subjects import FunctionSubject, ModuleSubject, cpu_generator, draw
 
 

@@ -23,7 +23,7 @@ from torch import nn
 from ..attention import causal_mask, softmax, softmax_with_sink
 from ..positions import rotary_embedding
 from .numerics import max_diff, precise, precise_dtype
-from .registry import NotApplicable
+from .outcomes import NotApplicable
 
 
 def attention_weights(q, k, allowed, scales, dim: int, sink_logit=None):

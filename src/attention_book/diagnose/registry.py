@@ -35,22 +35,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .outcomes import Failed, NotApplicable
+
 if TYPE_CHECKING:
     from .context import DiagnosisContext
+
+__all__ = ["CHECKS", "Check", "Failed", "NotApplicable", "register_check", "ordered_checks"]
 
 #: Every check, in the order of the report, with the property it tests.
 #: Kept in step with the registry by :func:`register_check` (the same dict object throughout).
 CHECKS: dict[str, str] = {}
 
 _REGISTRY: dict[str, Check] = {}
-
-
-class Failed(Exception):
-    """The property does not hold; the message is the evidence."""
-
-
-class NotApplicable(Exception):
-    """The check does not apply to this implementation; the message says why."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .numerics import tolerances_for
-from .registry import Failed
+from .outcomes import Failed
 
 
 class UserError(Exception):

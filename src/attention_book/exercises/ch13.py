@@ -8,6 +8,7 @@ import warnings
 import torch
 
 from ..attention import causal_mask, scaled_dot_product_attention, sliding_window_mask
+from ..flash import partial_attention
 from ..mods import apply_score_mod, materialize
 from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
 
@@ -279,8 +280,7 @@ def check_flex_attention_with_sink(fn) -> None:
                         "section 13.4",
                  hint="the gate is sigmoid(logsumexp(scores) - sink); with the log-sum-exp left "
                       "out, every row loses the same share whatever its scores")
-        lse = torch.logsumexp((query @ key.transpose(-2, -1) / math.sqrt(8)).masked_fill(
-            ~mask, float("-inf")), dim=-1)  # (B, heads, T)
+        _, lse = partial_attention(query, key, value, window=window)  # (B, heads, T)
         inverted = plain * torch.sigmoid(sinks.view(1, -1, 1) - lse).unsqueeze(-1)
         if torch.allclose(output, inverted, atol=1e-5):
             fail("the rows keep the weight the keys win",
