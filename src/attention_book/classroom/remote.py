@@ -59,7 +59,7 @@ from collections.abc import Callable
 import torch
 
 __all__ = ["Channel", "ChannelClosed", "Exports", "ProtocolError", "Remote", "RemoteError",
-           "RemoteTensor", "is_public_module", "serve_all"]
+           "RemoteTensor", "count_seeds", "is_public_module", "serve_all"]
 
 MAX_MESSAGE = 256 * 2**20  # bytes an answer or subject process accepts in one message
 MAX_REPLY = 8 * 2**20  # bytes the grading process accepts in one message
@@ -105,6 +105,35 @@ _MODULE_BEHAVIOUR = frozenset({"forward", "eval", "train", "training", "requires
 _SHOWN_DATA = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.Size)
 _CLASS_NAMES: dict[type, frozenset[str]] = {}  # the public names of each subject's face
 _PRIVATE_NAME = re.compile(r"(?<![\w.])_+[A-Za-z]\w*|<locals>|attention_book\.exercises[\w.]*")
+
+
+#: How many times this process set its RNG (``torch.manual_seed``, ``torch.set_rng_state``),
+#: counted by :func:`count_seeds`.
+SEEDS = [0]
+
+
+def count_seeds() -> None:
+    """Count every seed this process sets, so that a channel sends a seed set again.
+
+    Wraps ``torch.manual_seed`` and ``torch.set_rng_state`` (and their ``torch.random``
+    twins) once; the grading process calls it, since it adopts no state from an answer and so
+    cannot tell ``manual_seed(2)`` twice from one seed followed by the answer's draws.
+    """
+    import torch.random
+
+    for module in (torch, torch.random):
+        for name in ("manual_seed", "set_rng_state"):
+            original = getattr(module, name)
+            if getattr(original, "_counts_seeds", False):
+                continue
+
+            def counted(*args, _original=original, **kwargs):
+                SEEDS[0] += 1
+                return _original(*args, **kwargs)
+
+            counted._counts_seeds = True
+            counted.__doc__, counted.__name__ = original.__doc__, original.__name__
+            setattr(module, name, counted)
 
 
 class ChannelClosed(ConnectionError):
@@ -660,6 +689,7 @@ class Channel:
         self.methods: dict[tuple[int, str], RemoteMethod] = {}
         self.largest = 0  # bytes of the largest message received
         self._rng: bytes | None = None  # the RNG state this end last sent
+        self._seeds = SEEDS[0]  # the seeds set in this process when it was last sent
         self._counter = itertools.count(1)
         self._buffer = bytearray()
         self._unix = sock.family == socket.AF_UNIX
@@ -750,10 +780,11 @@ class Channel:
                  "dtype": str(torch.get_default_dtype()).removeprefix("torch.")}
         rng = torch.random.get_rng_state().numpy().tobytes()
         # the RNG travels when it moved since this end last sent it: two calls in a row draw
-        # on, as in one process; a seed set between them reaches the other end
-        if rng != self._rng:
+        # on, as in one process; a seed set between them reaches the other end, also one that
+        # gives the state sent last (``manual_seed(2)`` before each of two calls)
+        if rng != self._rng or SEEDS[0] != self._seeds:
             state["rng"] = base64.b64encode(rng).decode()
-            self._rng = rng
+            self._rng, self._seeds = rng, SEEDS[0]
         return state
 
     def _adopt(self, state) -> None:
@@ -1097,7 +1128,12 @@ class Channel:
             if "error" in message:
                 error = message["error"] if isinstance(message["error"], dict) else {}
                 raise _exception(error)
-            return self.decode(message.get("value"))
+            try:
+                return self.decode(message.get("value"))
+            except ProtocolError as error:
+                if self.trusted:  # a reply over the limits ends the conversation: no check
+                    self.broken = error  # can catch it and grade on
+                raise
 
     def notify(self, notice: dict) -> None:
         """Queue ``notice`` for the other end; it travels with the next message."""
