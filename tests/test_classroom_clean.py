@@ -7,7 +7,12 @@ Two parts:
 - a small notebook written here, with one exercise whose prompt forbids the library's
   softmax, graded for an honest student and for one student per strategy of the classroom
   trial (``../shared/reviews/classroom-trial-v2.md``) and others: every strategy earns 0, an
-  integrity one is flagged, honest scratch work costs nothing.
+  integrity one is flagged, honest scratch work costs nothing;
+- a notebook of three exercises that cross the boundary three ways (a forbidden softmax, a
+  module handed over, a property test's lent subjects), graded without the private file view
+  for one student per attack on the data-only boundary, one test per cause of
+  ``classroom-trial-v3.md`` (C1, C3, C4, C5, C6): each attack earns nothing, says why, and the
+  honest students graded after it keep full marks.
 """
 
 from __future__ import annotations
@@ -267,3 +272,345 @@ def test_answers_are_found_by_grade_id_whatever_else_changed():
     answers = read_answers(json.loads(nbformat.writes(instructor)), exercises)
     assert all(a.source and not a.problem for a in answers.values())
     assert [e.key for e in exercises] == [e.exercise for e in code_exercises(instructor)]
+
+
+# --------------------------------------------------------------------------- attacks on the boundary
+
+# A notebook of three exercises that cross the boundary three ways: a softmax whose prompt
+# forbids the library's (2.1; its hidden test also checks that calling the answer left the
+# grader's default dtype, grad mode and random numbers alone), a function that loads weights
+# into a module the check hands over (7.2: the module is built in the answer's process), and
+# a property test of handed-over functions (3.4: they are lent by a subject process). One
+# student per attack, built from the causes of ``classroom-trial-v3.md`` (C1, C3-C6), with
+# honest students after them; graded without the private file view (the regime of most
+# hubs: Landlock and the seccomp filter only), so nothing here leans on the jail.
+
+STATE_HIDDEN = """
+_torch.manual_seed(7)
+_first = _torch.rand(3)
+_torch.manual_seed(7)
+_ = stable_softmax(_torch.zeros(2, 2))
+assert _torch.equal(_torch.rand(3), _first), "the answer moved the grader's random numbers"
+assert _torch.get_default_dtype() == _torch.float32, "the answer changed the default dtype"
+assert _torch.is_grad_enabled(), "the answer switched the grader's gradients off"
+"""
+
+
+def _chapter_cells(notebook: str, grade_ids: tuple[str, ...]) -> list:
+    """The prompt, answer and check cells of ``grade_ids``' exercises in a chapter."""
+    chapter = nbformat.read(ROOT / "chapters" / notebook, as_version=4)
+    keys = {grade_id.rsplit("-", 1)[0] for grade_id in grade_ids}
+    cells = []
+    for cell in chapter.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
+        about = cell.metadata.get("exercise")
+        if grade_id in grade_ids or (about and any(
+                f"Exercise {int(key[2:4])}.{key.split('ex')[1]} " in cell.source
+                for key in keys)):
+            cells.append(copy.deepcopy(cell))
+    return cells
+
+
+def boundary_notebook():
+    cells = small_notebook().cells
+    cells[1].source = ("import functools\nimport torch\nimport torch.nn.functional as F\n"
+                       "import attention_book as ab")
+    cells[4].source = cells[4].source.replace("### END HIDDEN TESTS",
+                                              STATE_HIDDEN + "### END HIDDEN TESTS")
+    cells += _chapter_cells("07_multi_head.ipynb", ("ch07-ex2-answer", "ch07-ex2-check"))
+    cells += _chapter_cells("03_trainable_qkv.ipynb", ("ch03-ex4-answer", "ch03-ex4-check"))
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+def _answer(notebook, grade_id: str) -> str:
+    for cell in notebook.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(grade_id)
+
+
+# C1: from an object a check hands over, walk to frames, builtins and exec, and to anything
+# that talks to the grader; forge its verdicts; rewrite what the check compares with.
+TAKEOVER = '''def load_c_attn(mha, c_attn_weight, c_attn_bias):
+    """Walk from the handed module to builtins, exec, and the grader's results."""
+    import gc
+
+    frame = mha.parameters().gi_frame
+    builtins = frame.f_builtins
+    try:
+        builtins["exec"]("import attention_book.classroom.clean as c\\n"
+                         "c.CellResult.passed = True")
+    except Exception:
+        pass
+    found = []
+    while frame is not None:  # every frame up the stack, and every global it sees
+        found += [value for value in {**frame.f_globals, **frame.f_locals}.values()
+                  if "Channel" in type(value).__name__ or "Remote" in type(value).__name__]
+        frame = frame.f_back
+    found += [obj for obj in gc.get_objects()
+              if type(obj).__name__ in ("Channel", "Remote", "RemoteTensor")]
+    for obj in found:  # whatever talks to the grader: forge its verdicts, ask it to run code
+        for attempt in (lambda: obj._send({"re": 1, "value": True, "state": {}}),
+                        lambda: obj.request("call", target=0, args=["exec"]),
+                        lambda: obj._meta("globals")):
+            try:
+                attempt()
+            except Exception:
+                pass
+    return None
+'''
+REFERENCE = '''def load_c_attn(mha, c_attn_weight, c_attn_bias):
+    """Rewrite what the check compares with: its tensors and the module it handed over."""
+    c_attn_weight.zero_()
+    c_attn_bias.zero_()
+    for name in ("W_query", "W_key", "W_value"):
+        setattr(mha, name, torch.nn.Identity())
+    mha.forward = lambda *a, **k: None
+'''
+# C1 and C5 on a lent subject: every door a Python object has, and every way it names itself.
+DOORS = ("__globals__", "__closure__", "__code__", "__self__", "__func__", "__wrapped__",
+         "func", "gi_frame", "f_back", "__dict__", "__class__", "__reduce_ex__", "__init__",
+         "__call__", "__module__", "__name__", "__qualname__", "__doc__", "__defaults__")
+LEAK = '''def is_batch_consistent(attention_fn):
+    """Judge by what the function says about itself and what it leads to, not by what it does."""
+    import inspect
+
+    text = [repr(attention_fn), str(attention_fn), f"{attention_fn}", " ".join(dir(attention_fn)),
+            type(attention_fn).__name__, str(attention_fn.__class__)]
+    for name in DOORS:
+        try:
+            door = getattr(attention_fn, name)
+            text.append(str(door))
+            scope = door if isinstance(door, dict) else getattr(door, "__globals__", {})
+            scope["__builtins__"]["exec"]("import sys; sys.modules['__main__'].stolen = 1")
+            return True  # a door into the process that holds the subjects
+        except Exception as error:
+            text.append(str(error))
+    for probe in (inspect.getsource, inspect.signature, inspect.getmodule, vars):
+        try:
+            text.append(str(probe(attention_fn)))
+        except Exception as error:
+            text.append(str(error))
+    try:
+        attention_fn(torch.zeros(2, 2, 2, 2, 2, 2))
+    except Exception as error:
+        text.append(str(error))
+    text = " ".join(text).lower()
+    return not any(word in text for word in ("flatten", "batch_max", "previous", "dim_two",
+                                             "shared", "broken", "leak", "_"))
+'''.replace("DOORS", repr(DOORS))
+# C3: leave the process in another default dtype, without gradients, with a chosen seed.
+POISON = """torch.set_default_dtype(torch.float16)
+torch.set_grad_enabled(False)
+torch.manual_seed(5)
+
+
+def stable_softmax(x, dim=-1):
+    torch.set_default_dtype(torch.float16)
+    torch.set_grad_enabled(False)
+    torch.manual_seed(5)
+    return x * 0
+"""
+POISON_CORRECT = SOFTMAX.replace("    shifted =", "    torch.set_default_dtype(torch.float64)\n"
+                                 "    torch.set_grad_enabled(False)\n"
+                                 "    torch.manual_seed(5)\n    shifted =")
+# C4: the forbidden softmax, however it is reached, in ways the source scan cannot see.
+INDIRECT = {
+    "compiled_elsewhere": 'stable_softmax = eval(compile("lambda x, dim=-1: __import__(\'torch\')'
+                          '.softmax(x, dim)", functools.__file__, "eval"))\n',
+    "partial_computed": 'stable_softmax = functools.partial(getattr(torch, "soft" + "max"))\n',
+    "map_method": ('def stable_softmax(x, dim=-1):\n    method = getattr(x, "soft" + "max")\n'
+                   '    return next(map(method, [dim]))\n'),
+    "closure_exec": ('_scope = {}\n_ = exec("import torch as t\\nf = t.soft" + "max", _scope)\n\n\n'
+                     'def stable_softmax(x, dim=-1):\n    return _scope["f"](x, dim)\n'),
+    "dispatcher": ('def stable_softmax(x, dim=-1):\n'
+                   '    return getattr(torch.ops.aten, "_soft" + "max")(x, dim, False)\n'),
+    "variable_functions": ('def stable_softmax(x, dim=-1):\n'
+                           '    return getattr(torch._C._VariableFunctions, "soft" + "max")'
+                           '(x, dim)\n'),
+    "special_module": ('import sys\n\n\ndef stable_softmax(x, dim=-1):\n'
+                       '    return getattr(sys.modules["torch.special"], "soft" + "max")(x, dim)\n'),
+}
+# C6: replies the grader must not decode, after lifting the sender's own limits; an answer
+# that hangs while a subject waits on it.
+LIFT = '''import gc
+
+
+def _lift():
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "Channel":
+            for name in ("MAX_ITEMS", "MAX_MESSAGE", "MAX_DEPTH"):
+                type(obj).encode.__globals__[name] = 10**12
+'''
+FLOOD = LIFT + '''
+
+def stable_softmax(x, dim=-1):
+    """Send 3 M values in 3 MB."""
+    _lift()
+    return torch.zeros(3_000_000, dtype=torch.bool)
+'''
+DEEP = LIFT + '''
+
+def stable_softmax(x, dim=-1):
+    """Send a list 200 deep."""
+    _lift()
+    value = 0
+    for _ in range(200):
+        value = [value]
+    return value
+'''
+BIG = LIFT + '''
+
+def stable_softmax(x, dim=-1):
+    """Send 64 MB in one tensor."""
+    _lift()
+    return torch.zeros(16 * 2**20)
+'''
+HANG = '''class _Stuck:
+    @property
+    def shape(self):
+        while True:
+            pass
+
+    def __getattr__(self, name):
+        while True:
+            pass
+
+
+def is_batch_consistent(attention_fn):
+    """Hand the subject an object that never answers it."""
+    return attention_fn(_Stuck())
+'''
+
+
+@pytest.fixture(scope="module")
+def boundary_graded(tmp_path_factory):
+    secret = tmp_path_factory.mktemp("course") / "gradebook.db"
+    secret.write_text("every answer")
+    source = boundary_notebook()
+    keys = {"ch02-ex1-answer": SOFTMAX,
+            "ch07-ex2-answer": _answer(source, "ch07-ex2-answer"),
+            "ch03-ex4-answer": _answer(source, "ch03-ex4-answer")}
+    scratch = keys["ch07-ex2-answer"] + ("\nimport torch\nprint(torch.__version__)\n"
+                                         "%timeit torch.zeros(2)\n")
+    plan = {  # student: ({grade id: answer}, the exercise attacked); in the order graded
+        "honest": (keys, None),
+        "takeover": ({"ch07-ex2-answer": TAKEOVER}, "ch07-ex2"),
+        "after_takeover": (keys, None),
+        "reference": ({"ch07-ex2-answer": REFERENCE}, "ch07-ex2"),
+        "leak": ({"ch03-ex4-answer": LEAK}, "ch03-ex4"),
+        "poisoner": ({**keys, "ch02-ex1-answer": POISON}, "ch02-ex1"),
+        "poisoner_correct": ({**keys, "ch02-ex1-answer": POISON_CORRECT}, None),
+        "after_poisoner": (keys, None),
+        **{name: ({"ch02-ex1-answer": code}, "ch02-ex1") for name, code in INDIRECT.items()},
+        "flood": ({"ch02-ex1-answer": FLOOD}, "ch02-ex1"),
+        "deep": ({"ch02-ex1-answer": DEEP}, "ch02-ex1"),
+        "big": ({"ch02-ex1-answer": BIG}, "ch02-ex1"),
+        "hang": ({"ch03-ex4-answer": HANG}, "ch03-ex4"),
+        "after_flood": (keys, None),
+        "honest_scratch": ({**keys, "ch07-ex2-answer": scratch}, None),
+    }
+    submissions = {}
+    for student, (answers, _) in plan.items():
+        notebook = copy.deepcopy(source)
+        notebook.cells = [cell for cell in notebook.cells  # only the answers it gives
+                          if not cell.metadata.get("nbgrader", {}).get("solution")
+                          or cell.metadata["nbgrader"]["grade_id"] in answers]
+        for cell in notebook.cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if grade_id in answers:
+                cell.source = answers[grade_id]
+        submissions[student] = json.loads(nbformat.writes(notebook))
+    results, layers = grade_submissions(json.loads(nbformat.writes(source)), submissions,
+                                        limits=Limits(seconds=20, memory_bytes=3 * 2**30),
+                                        use_jail=False)
+    return plan, results, layers, secret
+
+
+def _result(results, student: str, key: str):
+    return next(e for e in results[student] if e.key == key)
+
+
+def _assert_attack_earns_nothing(plan, results, student: str) -> None:
+    """The attacked exercise scores 0 with a cause; the ones not answered are not graded."""
+    answers, attacked = plan[student]
+    for exercise in results[student]:
+        if exercise.key == attacked:
+            assert exercise.score == 0 and exercise.cause, (student, exercise)
+        elif f"{exercise.key}-answer" not in answers:
+            assert exercise.score == 0 and "not graded" in exercise.cause, (student, exercise)
+
+
+def _assert_full_marks(results, student: str) -> None:
+    for exercise in results[student]:
+        assert exercise.score == exercise.points > 0, (student, exercise)
+        assert not exercise.flags and not exercise.cause, (student, exercise)
+
+
+def test_honest_work_gets_full_marks_without_the_jail(boundary_graded):
+    _, results, layers, secret = boundary_graded
+    assert not layers.namespaces and layers.protected  # Landlock fences the files instead
+    for student in ("honest", "honest_scratch"):
+        _assert_full_marks(results, student)
+    assert secret.read_text() == "every answer"
+
+
+def test_c1_no_grader_object_reaches_an_answer(boundary_graded):
+    """C1: what a check hands over is built in the answer's process; the grader lends nothing."""
+    plan, results, _, _ = boundary_graded
+    for student in ("takeover", "reference"):
+        _assert_attack_earns_nothing(plan, results, student)
+    takeover = _result(results, "takeover", "ch07-ex2")
+    # exec ran, but in the answer's own process, where the grader's modules are refused
+    assert any("importing attention_book.classroom" in flag for flag in takeover.flags), takeover
+    assert "Not counted" in takeover.cause
+    assert "Not yet" in _result(results, "reference", "ch07-ex2").cause  # the check's copies held
+    _assert_full_marks(results, "after_takeover")
+
+
+def test_c3_state_set_by_an_answer_stays_in_its_process(boundary_graded):
+    """C3: default dtype, grad mode and RNG go grader -> answer only, and are reset per check."""
+    _, results, _, _ = boundary_graded
+    poisoned = _result(results, "poisoner", "ch02-ex1")
+    assert poisoned.score == 0 and "Not yet" in poisoned.cause, poisoned
+    # the same grader's later exercises, and a correct answer that poisons as it runs, lose
+    # nothing: the hidden test checks the grader's dtype, grad mode and random numbers after
+    # the call
+    for key in ("ch07-ex2", "ch03-ex4"):
+        assert _result(results, "poisoner", key).score == _result(results, "poisoner", key).points
+    _assert_full_marks(results, "poisoner_correct")
+    _assert_full_marks(results, "after_poisoner")
+
+
+def test_c4_a_forbidden_call_is_refused_however_it_is_reached(boundary_graded):
+    """C4: compile under another name, partial, map, exec, sys.modules, the dispatcher."""
+    plan, results, _, _ = boundary_graded
+    for student in INDIRECT:
+        _assert_attack_earns_nothing(plan, results, student)
+        exercise = _result(results, student, "ch02-ex1")
+        assert exercise.flags and "Not counted" in exercise.cause, (student, exercise)
+        assert "softmax" in exercise.cause, (student, exercise.cause)
+    _assert_full_marks(results, "after_poisoner")
+
+
+def test_c5_a_lent_subject_shows_no_name_and_no_door(boundary_graded):
+    """C5 (and C1 through a subject): repr, str, dir and attributes tell the answer nothing."""
+    plan, results, _, _ = boundary_graded
+    _assert_attack_earns_nothing(plan, results, "leak")
+    leak = _result(results, "leak", "ch03-ex4")
+    assert "Not yet" in leak.cause and not leak.flags, leak  # it told the subjects apart by nothing
+    _assert_full_marks(results, "after_takeover")
+
+
+def test_c6_replies_are_bounded_and_a_stuck_answer_times_out(boundary_graded):
+    """C6: items, depth and bytes of a reply are bounded on the grader's side, and its time."""
+    plan, results, _, _ = boundary_graded
+    for student, limit in (("flood", "values"), ("deep", "nested"), ("big", "bytes")):
+        _assert_attack_earns_nothing(plan, results, student)
+        cause = _result(results, student, "ch02-ex1").cause
+        assert "sent the grader something it does not accept" in cause and limit in cause, (
+            student, cause)
+    _assert_attack_earns_nothing(plan, results, "hang")
+    assert "longer than 20 s" in _result(results, "hang", "ch03-ex4").cause
+    _assert_full_marks(results, "after_flood")
+

@@ -49,7 +49,8 @@ from pathlib import Path
 
 from . import integrity, sandbox
 from .format import BEGIN_HIDDEN, END_HIDDEN, prompt_match
-from .remote import Channel, ChannelClosed, ProtocolError
+from .handover import Describer, build, is_public
+from .remote import Channel, ChannelClosed, Exports, ProtocolError, Remote, count_seeds, serve_all
 
 __all__ = ["Answer", "CellResult", "Exercise", "ExerciseResult", "GradeCell", "Limits",
            "chapter_setup", "grade_many", "grade_submissions", "read_answers",
@@ -96,6 +97,8 @@ class Exercise:
         names: the names its answer cells define (the instructor's version).
         grade_cells: its graded check cells.
         forbidden: dotted names the answer may not call (the prompt's metadata).
+        kind: the prompt's ``metadata.exercise.kind``; in a ``property-test`` every object
+            a check hands to the answer is a subject, lent by a subject process.
     """
 
     key: str
@@ -104,6 +107,7 @@ class Exercise:
     names: tuple[str, ...]
     grade_cells: tuple[GradeCell, ...]
     forbidden: tuple[str, ...] = ()
+    kind: str = ""
 
 
 @dataclass
@@ -230,17 +234,17 @@ def read_exercises(source_notebook) -> list[Exercise]:
     cells = source_notebook.cells
     answers: dict[str, list[tuple[str, str]]] = {}
     grades: dict[str, list[GradeCell]] = {}
-    prompts: dict[str, tuple[str, tuple[str, ...]]] = {}
+    prompts: dict[str, tuple[str, tuple[str, ...], str]] = {}
     for cell in cells:
         cell_type = cell.get("cell_type") if isinstance(cell, dict) else cell.cell_type
         prompt = prompt_match(cell) if cell_type == "markdown" else None
         if prompt:
             key = f"ch{int(prompt['chapter']):02d}-ex{int(prompt['number'])}"
             metadata = cell.get("metadata", {}) if isinstance(cell, dict) else cell.metadata
-            forbidden = tuple(str(name) for name in
-                              (metadata.get("exercise", {}) or {}).get("forbidden", []) or [])
+            about = metadata.get("exercise", {}) or {}
+            forbidden = tuple(str(name) for name in about.get("forbidden", []) or [])
             title = _source(cell).splitlines()[0].lstrip("> ").replace("**", "").strip()
-            prompts[key] = (title, forbidden)
+            prompts[key] = (title, forbidden, str(about.get("kind", "") or ""))
         meta = _meta(cell)
         grade_id = str(meta.get("grade_id", ""))
         match = _GRADE_ID.match(grade_id)
@@ -255,11 +259,11 @@ def read_exercises(source_notebook) -> list[Exercise]:
                 GradeCell(grade_id, float(meta.get("points", 0) or 0), checks, hidden))
     exercises = []
     for key, cells_ in grades.items():
-        title, forbidden = prompts.get(key, (key, ()))
+        title, forbidden, kind = prompts.get(key, (key, (), ""))
         names = tuple(dict.fromkeys(
             name for _, source in answers.get(key, []) for name in _defined(source)))
         exercises.append(Exercise(key, title, tuple(g for g, _ in answers.get(key, [])), names,
-                                  tuple(cells_), forbidden))
+                                  tuple(cells_), forbidden, kind))
     return exercises
 
 
@@ -487,13 +491,89 @@ def _static_findings(answer: str, namespace: dict, forbidden: dict[int, str],
     return list(dict.fromkeys(findings))
 
 
+class _Watch:
+    """Whose behalf the answer process works on, and the tripwires that ask it.
+
+    A forbidden function is refused whenever the answer is anywhere on the call stack: while
+    the process serves a request on one of the answer's own objects (the grader calling the
+    answer, a subject calling back into it, the answer cell running), however the function
+    was reached (a ``functools.partial``, ``map``, a lambda compiled under another file name,
+    ``getattr`` with a computed name, ``eval``); and while it serves the grader on an
+    object the grader built (a module handed to the answer), when a frame of the answer's
+    code is on the stack. Forbidden PyTorch functions are also refused at the dispatcher, so
+    ``torch.ops.aten`` and other aliases of the same operator are refused too.
+    """
+
+    def __init__(self, exports, filename: str):
+        self.exports = exports
+        self.depth = 0  # requests being served on the answer's behalf
+        self.files = {filename}  # file names of the answer's code (its compile() calls too)
+        self.mode = None  # refuses the forbidden operators at the dispatcher
+        self._entered = False
+
+    def enter(self) -> None:
+        """Switch the dispatcher's refusals on (while the answer's code runs)."""
+        if self.mode is not None and not self._entered:
+            self.mode.__enter__()
+            self._entered = True
+
+    def leave(self) -> None:
+        """Switch them off."""
+        if self._entered:
+            self._entered = False
+            self.mode.__exit__(None, None, None)
+
+    def serving(self, message: dict, entering: bool) -> None:
+        """Count the requests served on the answer's behalf (``Channel.on_serve``)."""
+        op, target = message.get("op"), message.get("target")
+        if op in ("get", "build", "peer", "bye"):
+            return
+        if op != "define":
+            obj = self.exports.objects.get(target) if type(target) is int else None
+            if obj is not None and id(obj) in self.exports.grader_built:
+                return
+        if entering:
+            self.depth += 1
+            self.enter()
+        else:
+            self.depth -= 1
+            if self.depth == 0:
+                self.leave()
+
+    def answer_on_stack(self) -> bool:
+        """True while the answer's code runs, or its frame is anywhere on the stack."""
+        if self.depth > 0:
+            return True
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename in self.files:
+                return True
+            frame = frame.f_back
+        return False
+
+    def compiled(self, event: str, args: tuple) -> None:
+        """Remember the file names under which the answer compiles code (an audit hook)."""
+        if event == "compile" and self.depth > 0 and len(args) > 1 and isinstance(args[1], str):
+            self.files.add(args[1])
+
+
+def _forbidden_operators(forbidden: dict[int, tuple[str, object]]) -> set[str]:
+    """The names of the dispatcher's operators behind the forbidden PyTorch functions."""
+    names = set()
+    for name, original in forbidden.values():
+        module = getattr(original, "__module__", "") or ""
+        if name.startswith("torch.") or module.startswith("torch"):
+            base = name.rsplit(".", 1)[-1]
+            names |= {base, f"_{base}"}
+    return names
+
+
 def _install_tripwires(forbidden: dict[int, tuple[str, object]], namespace: dict,
-                       filename: str, notify) -> None:
-    """Replace every reference to a forbidden object by one that refuses answer frames."""
+                       watch: _Watch, notify) -> None:
+    """Replace every reference to a forbidden object by one that refuses the answer."""
     def wrap(dotted: str, original):
         def tripwire(*args, **kwargs):
-            frame = sys._getframe(1)
-            if frame.f_code.co_filename == filename:
+            if watch.answer_on_stack():
                 notify(f"calls {dotted}, which this exercise asks you not to use")
                 raise _Forbidden(f"{dotted} is not allowed in this exercise")
             return original(*args, **kwargs)
@@ -520,6 +600,28 @@ def _install_tripwires(forbidden: dict[int, tuple[str, object]], namespace: dict
                 setattr(torch.Tensor, name.rsplit(".", 1)[-1], wrappers[key])
             except (AttributeError, TypeError):
                 pass
+    operators = _forbidden_operators(forbidden)
+    if operators:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        dotted = ", ".join(sorted(name for name, _ in forbidden.values()))
+
+        class _RefuseOperators(TorchDispatchMode):
+            # a higher-order operator (FlexAttention) passes through: its own operators
+            # run below this mode, and an answer reaches it through the public function
+            supports_higher_order_operators = True
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if not hasattr(func, "overloadpacket"):
+                    return func(*args, **(kwargs or {}))
+                if func.overloadpacket.__name__ in operators:
+                    notify(f"calls the operator {func.overloadpacket.__name__} (one of "
+                           f"{dotted}), which this exercise asks you not to use")
+                    raise _Forbidden(f"{func.overloadpacket.__name__} is not allowed in this "
+                                     "exercise")
+                return func(*args, **(kwargs or {}))
+
+        watch.mode = _RefuseOperators()
 
 
 def _run_statements(source: str, filename: str, namespace: dict, notes: list[str],
@@ -546,9 +648,15 @@ def _run_statements(source: str, filename: str, namespace: dict, notes: list[str
                              f"{str(error)[:200]} (skipped)")
 
 
-def _enter_answer_sandbox(jail_root: str, limits: Limits,
-                          required: sandbox.Layers) -> tuple[list[str], list[str]]:
+def _enter_answer_sandbox(jail_root: str, limits: Limits, required: sandbox.Layers,
+                          blocked: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Every layer of the sandbox, entered by an answer process before the answer runs.
+
+    Args:
+        jail_root: the empty folder the zygote made for this process.
+        limits: its memory and CPU limits.
+        required: the layers the run promised (it ends the process if it cannot enter them).
+        blocked: the grader's modules it may not import.
 
     Returns:
         ``(readable roots, writable scratch folders)`` for the audit hook. Ends the process
@@ -557,7 +665,7 @@ def _enter_answer_sandbox(jail_root: str, limits: Limits,
     roots = [*sandbox.python_roots(), sandbox.package_root()]
     hidden = [os.path.join(sandbox.package_root(), "attention_book", name)
               for name in ("exercises", "classroom")]
-    sandbox.block_imports(sandbox.GRADER_MODULES)
+    sandbox.block_imports(blocked)
     jailed = False
     if required.namespaces:
         try:
@@ -591,8 +699,15 @@ def _enter_answer_sandbox(jail_root: str, limits: Limits,
 
 
 def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
-                    required: sandbox.Layers) -> None:
-    """The body of an answer process (never returns)."""
+                    required: sandbox.Layers, role: str = "answer") -> None:
+    """The body of an answer process, or of a subject process (never returns).
+
+    An answer process runs one exercise's answer cell and serves the grader's calls on the
+    answer's objects. A subject process (``role="subject"``) runs no student code: it builds
+    what a check hands over that the answer may use but not see inside (the subjects of a
+    property test, a checker's test double) and lends it to the answer through its face
+    (:mod:`.remote`); it may use the checkers, loaded before it enters the sandbox.
+    """
     try:
         os.setsid()
     except OSError:
@@ -606,16 +721,45 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
     import torch
 
     torch.set_num_threads(1)
-    roots, scratch = _enter_answer_sandbox(jail_root, limits, required)
+    subject = role == "subject"
+    if subject:  # the checkers' test doubles; their files are hidden once in the sandbox
+        import attention_book.exercises  # noqa: F401
+    blocked = tuple(name for name in sandbox.GRADER_MODULES
+                    if not (subject and name == "attention_book.exercises"))
+    roots, scratch = _enter_answer_sandbox(jail_root, limits, required, blocked)
     jailed = required.namespaces
-    state: dict = {"namespace": None}
-    channel = Channel(sock, trusted=False)
+    exports = Exports()
+
+    def builder(tag, data, sub, ctx):
+        made = build(tag, data, sub, ctx)
+        exports.grader_built.add(id(made))
+        return made
+
+    channel = Channel(sock, trusted=False, strict=subject, exports=exports, builder=builder)
+    channels = [channel]
+    watch = _Watch(exports, "<answer>")
 
     def notify(text: str) -> None:
         channel.notify({"kind": "forbidden", "text": text})
 
     def report(event: str, detail: str) -> None:
         channel.notify({"kind": "sandbox", "event": event, "detail": detail[:300]})
+
+    def peer(message: dict):
+        """Take the socket to the third process (the subject process, or the answer's)."""
+        if channel.peer is not None or not channel.received_fds:
+            raise ProtocolError("no socket came with the message")
+        other = Channel(socket.socket(fileno=channel.received_fds.pop(0)), trusted=False,
+                        strict=subject, exports=exports)
+        other.on_serve = channel.on_serve
+        channel.peer, other.peer = other, channel
+        channels.append(other)
+        return None
+
+    def made(message: dict):
+        obj = channel.decode(message.get("description"))
+        exports.grader_built.add(id(obj))
+        return obj
 
     def define(message: dict) -> dict:
         namespace: dict = {"__name__": "__answer__", "__builtins__": builtins}
@@ -629,14 +773,20 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
                 forbidden[id(value)] = (str(name), value)
         answer = str(message.get("answer", ""))
         filename = str(message.get("filename", "<answer>"))
+        watch.files.add(filename)
         findings = _static_findings(answer, namespace,
                                     {key: name for key, (name, _) in forbidden.items()},
                                     ("attention_book.exercises", "attention_book.classroom"))
-        _install_tripwires(forbidden, namespace, filename, notify)
+        _install_tripwires(forbidden, namespace, watch, notify)
+        if "flex_attention" in answer:  # torch.compile traces nothing under a dispatch mode:
+            watch.mode = None  # for FlexAttention the Python-level tripwires alone refuse
+        watch.enter()  # the answer cell runs on the answer's behalf
         _run_statements(answer, filename, namespace, notes, skip_expressions=True)
         state["namespace"] = namespace
         return {"defined": [name for name in message.get("names", []) if name in namespace],
                 "notes": notes, "static": findings, "jailed": jailed}
+
+    state: dict = {"namespace": None}
 
     def get(message: dict):
         namespace = state["namespace"] or {}
@@ -645,12 +795,15 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
             raise NameError(f"name {name!r} is not defined")
         return namespace[name]
 
-    channel.handlers.update({"define": define, "get": get})
+    channel.handlers.update({"build": made, "peer": peer})
+    if not subject:
+        channel.handlers.update({"define": define, "get": get})
+        channel.on_serve = watch.serving
+        sys.addaudithook(watch.compiled)
     sandbox.install_audit_hook(readable=[*roots, *sandbox.SYSTEM_LIBRARIES], writable=scratch,
-                               allow_processes=False, blocked_modules=sandbox.GRADER_MODULES,
-                               report=report)
+                               allow_processes=False, blocked_modules=blocked, report=report)
     try:
-        channel.serve()
+        serve_all(channels)
     finally:
         os._exit(0)
 
@@ -684,20 +837,131 @@ def _hidden_line(error: BaseException, filename: str) -> str:
     return ""
 
 
-def _run(code: str, filename: str, proxies: dict) -> tuple[bool, str, BaseException | None]:
+class _Expired(BaseException):
+    """The time for an exercise ran out while the grading process computed (SIGALRM).
+
+    A ``BaseException``, so that no checker's ``except Exception`` can swallow it.
+    """
+
+
+def _reset_torch_state() -> None:
+    """The grader's own default dtype, grad mode and RNG, set before each check."""
+    import torch
+
+    torch.set_default_dtype(torch.float32)
+    torch.set_grad_enabled(True)
+    torch.manual_seed(0)
+
+
+@contextlib.contextmanager
+def _time_limit(deadline: float | None):
+    """Stop what the grading process computes for an answer once ``deadline`` has passed."""
+    import threading
+
+    if deadline is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _Expired("the time for this exercise is up")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 0.001) + 1.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _run(code: str, filename: str, proxies: dict,
+         deadline: float | None = None) -> tuple[bool, str, BaseException | None]:
     import linecache
 
     linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
     namespace = {"__name__": "__grading__", "__builtins__": builtins, **proxies}
     output = _Capped()
+    _reset_torch_state()
     try:
-        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(io.StringIO()):
+        with _time_limit(deadline), contextlib.redirect_stdout(output), \
+                contextlib.redirect_stderr(io.StringIO()):
             exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the instructor's
     except BaseException as error:  # noqa: BLE001 - every failure is a result
         if isinstance(error, KeyboardInterrupt):
             raise
         return False, output.getvalue(), error
+    finally:
+        _reset_torch_state()
     return True, output.getvalue(), None
+
+
+class _Handover:
+    """What the grading process hands to one answer, and where each object is built.
+
+    Nothing of the grading process is lent (:mod:`.remote`). An object a check passes to the
+    answer is described (:mod:`.handover`); a description that names only public code is
+    built in the answer's process, which then holds a real object of the book; any other (a
+    checker's private test double, code of a hidden test), and every object of a
+    ``property-test`` exercise, is built in a subject process that lends it to the answer
+    through its face. :meth:`explicit` (``attention_book.exercises.hand_over``) builds one
+    copy and returns a proxy, so a check can read what the answer did to it.
+    """
+
+    def __init__(self, channel: Channel, spawn, subjects: bool):
+        self.channel = channel
+        self.spawn = spawn
+        self.subjects = subjects
+        self.worker: _Worker | None = None
+        self.subject_channel: Channel | None = None
+
+    def _subject(self) -> Channel:
+        if self.subject_channel is None:
+            if self.spawn is None:
+                raise TypeError("this check hands over an object that only a subject process "
+                                "can build, and there is none here")
+            self.worker = self.spawn()
+            chan = Channel(self.worker.sock, trusted=True, deadline=self.channel.deadline)
+            mine, theirs = socket.socketpair()
+            try:
+                chan.request("peer", fds=[theirs.fileno()])
+                self.channel.request("peer", fds=[mine.fileno()])
+            finally:
+                mine.close()
+                theirs.close()
+            chan.peer, self.channel.peer = self.channel, chan
+            self.subject_channel = chan
+        return self.subject_channel
+
+    def _place(self, value) -> tuple[dict, bool]:
+        description = Describer(self.channel).describe(value)
+        return description, not self.subjects and is_public(description)
+
+    def wire(self, value) -> dict:
+        """``value`` as it travels to the answer: a description, or a subject's reference."""
+        description, here = self._place(value)
+        if here:
+            return description
+        built = self._subject().request("build", description=description)
+        return self.channel.encode(built)
+
+    def explicit(self, value):
+        """A proxy of the answer-side copy of ``value``, built once."""
+        if isinstance(value, Remote):
+            return value
+        description, here = self._place(value)
+        if here:
+            return self.channel.request("build", description=description)
+        return self._subject().request("build", description=description)
+
+    def notices(self) -> list[dict]:
+        """What the subject process reported (a refusal of its sandbox)."""
+        return self.subject_channel.notices if self.subject_channel is not None else []
+
+    def close(self) -> None:
+        """Stop the subject process."""
+        self.channel.peer = None
+        if self.worker is not None:
+            self.worker.stop()
 
 
 class _Worker:
@@ -732,11 +996,11 @@ def _read_line(sock: socket.socket, seconds: float) -> str:
     return data.decode(errors="replace").strip()
 
 
-def _spawn(control: socket.socket, limits: Limits) -> _Worker:
-    """Ask the zygote for a fresh answer process."""
+def _spawn(control: socket.socket, limits: Limits, role: str = "answer") -> _Worker:
+    """Ask the zygote for a fresh answer process (or subject process: ``role="subject"``)."""
     parent, child = socket.socketpair()
     status, status_child = socket.socketpair()
-    socket.send_fds(control, [f"spawn {limits.seconds + 30:g}".encode()],
+    socket.send_fds(control, [f"spawn {limits.seconds + 30:g} {role}".encode()],
                     [child.fileno(), status_child.fileno()])
     child.close()
     status_child.close()
@@ -790,7 +1054,9 @@ def _zygote(control: socket.socket, limits: Limits,
                         for other, _, _ in children.values():
                             other.close()
                         os.close(fds[1])
-                        _answer_process(socket.socket(fileno=fds[0]), limits, root, required)
+                        role = "subject" if message.split()[2:] == [b"subject"] else "answer"
+                        _answer_process(socket.socket(fileno=fds[0]), limits, root, required,
+                                        role)
                     os.close(fds[0])
                     status = socket.socket(fileno=fds[1])
                     seconds = float(message.split()[1])
@@ -863,14 +1129,28 @@ def _after_exit(result: ExerciseResult, wait_status: int | None) -> None:
 
 
 def _grade_exercise(exercise: Exercise, answer: Answer, preamble: str,
-                    worker: _Worker | None, limits: Limits) -> ExerciseResult:
+                    worker: _Worker | None, limits: Limits,
+                    spawn=None) -> ExerciseResult:
+    """Grade one exercise: define the answer in ``worker``, then run its checks here.
+
+    ``spawn()`` starts a subject process when a check hands over something the answer's
+    process may not build (see :class:`_Handover`).
+    """
+    from ..exercises import feedback
+
     result = ExerciseResult(exercise.key, exercise.title,
                             [CellResult(cell.grade_id, cell.points) for cell in exercise.grade_cells])
     if answer.problem or answer.source is None:
         result.cause = f"This exercise was not graded: {answer.problem}."
         return result
-    channel = Channel(worker.sock, trusted=True, deadline=time.monotonic() + limits.seconds)
+    deadline = time.monotonic() + limits.seconds
+    count_seeds()  # a check that seeds twice alike sends the seed twice
+    channel = Channel(worker.sock, trusted=True, deadline=deadline)
+    handover = _Handover(channel, spawn, subjects=exercise.kind == "property-test")
+    channel.hand_over = handover.wire
+    feedback.HAND_OVER.append(handover.explicit)
     filename = f"<answer {exercise.key}>"
+    expired = False
     try:
         report = channel.request("define", preamble=preamble, answer=answer.source,
                                  filename=filename, names=list(exercise.names),
@@ -887,15 +1167,17 @@ def _grade_exercise(exercise: Exercise, answer: Answer, preamble: str,
         for cell, cell_result in zip(exercise.grade_cells, result.cells, strict=True):
             if missing:
                 break
-            ok, output, error = _run(cell.checks, f"<check {cell.grade_id}>", proxies)
+            ok, output, error = _run(cell.checks, f"<check {cell.grade_id}>", proxies, deadline)
             cell_result.output = output
-            if channel.broken is not None:
+            expired = isinstance(error, _Expired)
+            if channel.broken is not None or expired:
                 break
             if not ok:
                 cell_result.detail = f"the visible check failed ({_short(error)})"
                 continue
-            ok, _, error = _run(cell.hidden, f"<hidden tests {cell.grade_id}>", proxies)
-            if channel.broken is not None:
+            ok, _, error = _run(cell.hidden, f"<hidden tests {cell.grade_id}>", proxies, deadline)
+            expired = isinstance(error, _Expired)
+            if channel.broken is not None or expired:
                 break
             if not ok:
                 where = _hidden_line(error, f"<hidden tests {cell.grade_id}>")
@@ -906,8 +1188,13 @@ def _grade_exercise(exercise: Exercise, answer: Answer, preamble: str,
         pass
     except Exception as error:  # noqa: BLE001 - an answer that will not load
         result.cause = f"Your answer could not be loaded: {_short(error)}."
+    finally:
+        feedback.HAND_OVER.remove(handover.explicit)
+        handover.close()
     ended = channel.broken
-    for notice in channel.notices:
+    if expired and ended is None:
+        ended = TimeoutError("the time for this exercise is up")
+    for notice in [*channel.notices, *handover.notices()]:
         if notice.get("kind") == "forbidden":
             result.flags.append(f"your answer {str(notice.get('text', ''))[:300]}")
         elif notice.get("kind") == "sandbox":
@@ -921,6 +1208,10 @@ def _grade_exercise(exercise: Exercise, answer: Answer, preamble: str,
         if isinstance(ended, TimeoutError):
             result.cause = (f"Grading this exercise took longer than {limits.seconds:g} s: "
                             "look for an endless loop or a very slow step.")
+        elif isinstance(ended, ProtocolError):
+            result.cause = ("Your answer sent the grader something it does not accept "
+                            f"({_clip(str(ended), 200)}): return tensors, numbers, strings, "
+                            "lists or dicts of a reasonable size.")
         else:
             result.cause = ("Your answer ended the process that graded it (for example "
                             "os._exit, a crash, or more memory than the limit).")
@@ -1151,14 +1442,15 @@ def _grade_student(student: dict, control: socket.socket, limits: Limits) -> lis
         exercise = Exercise(item["key"], item["title"], tuple(item["answer_ids"]),
                             tuple(item["names"]),
                             tuple(GradeCell(**cell) for cell in item["grade_cells"]),
-                            tuple(item["forbidden"]))
+                            tuple(item["forbidden"]), item.get("kind", ""))
         answer = Answer(**item["answer"])
         if answer.problem or answer.source is None:
             results.append(_grade_exercise(exercise, answer, "", None, limits))
             continue
         worker = _spawn(control, limits)
         try:
-            result = _grade_exercise(exercise, answer, item["preamble"], worker, limits)
+            result = _grade_exercise(exercise, answer, item["preamble"], worker, limits,
+                                     spawn=lambda: _spawn(control, limits, "subject"))
         finally:
             wait_status = worker.stop()
         _after_exit(result, wait_status)

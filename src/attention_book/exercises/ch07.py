@@ -8,7 +8,17 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .feedback import ExerciseFailure, call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import (
+    ExerciseFailure,
+    call,
+    checker,
+    expect_close,
+    expect_shape,
+    expect_true,
+    fail,
+    hand_over,
+    passed,
+)
 
 __all__ = [
     "check_multi_head_cross_attention",
@@ -256,7 +266,7 @@ def check_load_c_attn(fn) -> None:
                             "into three parts along the right dimension."),
     )
     for index, (d_in, d_out, num_heads) in enumerate(((8, 8, 2), (6, 8, 2), (8, 12, 3))):
-        mha = _layer(d_in, d_out, num_heads, seed=72 + index)
+        mha = hand_over(_layer(d_in, d_out, num_heads, seed=72 + index))  # read back below
         generator = torch.Generator().manual_seed(720 + index)
         c_attn_weight = torch.randn(d_in, 3 * d_out, generator=generator)  # (d_in, 3 * d_out)
         c_attn_bias = torch.randn(3 * d_out, generator=generator)  # (3 * d_out,)
@@ -390,6 +400,7 @@ def check_mha_to_gqa(fn) -> None:
             torch.manual_seed(73 + index)
             mha = MultiHeadAttention(d_in, d_out, num_heads, qkv_bias=bias, causal=causal)
         before = {key: value.clone() for key, value in mha.state_dict().items()}
+        mha = hand_over(mha)  # the answer's copy: the checks below read what it left there
         where = f"(num_heads={num_heads}, num_kv_heads={num_kv_heads})"
         gqa = call(fn, mha, num_kv_heads, prop=f"your function runs {where}")
         expect_true(f"mha is left unchanged {where}",

@@ -72,7 +72,8 @@ class _WatchesPosition(nn.Module):
 
     def __init__(self, vocab_size: int, num_classes: int, position: str, strength: float = 3.0):
         super().__init__()
-        self.position, self.strength = position, strength
+        # private: a property test may read a model's sizes, not which model it is
+        self._position, self._strength = position, strength
         self.embedding = nn.Embedding(vocab_size, 8, padding_idx=0, dtype=torch.float64)
         self.head = nn.Linear(8, num_classes, dtype=torch.float64)
 
@@ -82,8 +83,8 @@ class _WatchesPosition(nn.Module):
         average = (x * real[..., None]).sum(1) / lengths[:, None]  # (B, 8)
         rows = torch.arange(token_ids.shape[0])
         where = {"last": lengths - 1, "before": (word_index - 1).clamp(min=0),
-                 "first": torch.zeros_like(lengths)}[self.position]
-        return self.head(average + self.strength * x[rows, where])  # (B, num_classes)
+                 "first": torch.zeros_like(lengths)}[self._position]
+        return self.head(average + self._strength * x[rows, where])  # (B, num_classes)
 
 
 class _SidesOfWord(nn.Module):

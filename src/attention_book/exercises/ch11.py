@@ -117,9 +117,9 @@ class _MaskedLayer(nn.Module):
                  zero_after_softmax: bool = False, fill: float = float("-inf"), d_in: int = 6,
                  d_out: int = 8):
         super().__init__()
-        self.fill = fill
+        self._fill = fill  # private: a property test may read d_in, not what is broken
         self.d_in, self.context_length = d_in, allowed.size(0)
-        self.zero_after_softmax = zero_after_softmax
+        self._zero_after_softmax = zero_after_softmax
         self.W_query = nn.Linear(d_in, d_out, bias=False)
         self.W_key = nn.Linear(d_in, d_out, bias=False)
         self.W_value = nn.Linear(d_in, d_out, bias=False)
@@ -131,10 +131,10 @@ class _MaskedLayer(nn.Module):
         queries, keys, values = self.W_query(x), self.W_key(x), self.W_value(x)  # (B, T, d_out)
         attn_scores = queries @ keys.transpose(1, 2) / math.sqrt(keys.size(-1))  # (B, T, T)
         allowed = self.allowed[:num_tokens, :num_tokens]  # (T, T)
-        if self.zero_after_softmax:
+        if self._zero_after_softmax:
             attn_weights = torch.softmax(attn_scores, dim=-1).masked_fill(~allowed, 0.0)
         else:
-            attn_weights = torch.softmax(attn_scores.masked_fill(~allowed, self.fill), dim=-1)
+            attn_weights = torch.softmax(attn_scores.masked_fill(~allowed, self._fill), dim=-1)
         return self.dropout(attn_weights) @ values  # (B, T, d_out)
 
 

@@ -32,7 +32,7 @@ import torch
 
 __all__ = [
     "ExerciseFailure", "checker", "fail", "passed", "expect_shape", "expect_close",
-    "expect_true", "expect_int", "call", "KEPT_BACK",
+    "expect_true", "expect_int", "call", "KEPT_BACK", "hand_over", "HAND_OVER",
 ]
 
 #: What a prediction's checker shows instead of the expected value while the answer is wrong.
@@ -188,3 +188,29 @@ def expect_close(
                  f"{expected[where].item():.4g} at index {where} (and every value within "
                  f"{atol:g} of the reference)"),
              actual=f"{actual[where].item():.4g} at index {where}", hint=hint)
+
+
+#: While the book grades in a clean process, the grader puts here the function that builds an
+#: object in the answer's sandbox (see :func:`hand_over`); in a notebook it stays empty.
+HAND_OVER: list[Callable] = []
+
+
+def hand_over(obj):
+    """``obj`` as the answer will hold it, for a check that reads back what the answer did.
+
+    In a notebook this is ``obj`` itself. While the book grades, the grading process lends
+    none of its own objects to an answer: an object a check passes to the answer is rebuilt
+    in the answer's sandbox from a description, so what the answer does to it never reaches
+    the check's own ``obj``. Pass ``hand_over(obj)`` instead when the check must see the
+    result (the weights the answer loaded, the tokens it appended): it builds that copy once
+    and returns a handle whose attributes and methods give back data.
+
+    Args:
+        obj: an object of the book or of PyTorch (a module, a cache), or a test double.
+
+    Returns:
+        ``obj``, or the handle of its copy in the answer's sandbox.
+
+    Taught in the instructor guide (how exercises are graded).
+    """
+    return HAND_OVER[-1](obj) if HAND_OVER else obj
