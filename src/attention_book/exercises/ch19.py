@@ -15,7 +15,6 @@ from ..sparse import lightning_indexer_scores, topk_attention
 from .feedback import call, checker, expect_close, expect_int, expect_shape, fail, passed
 
 __all__ = [
-    "PREDICTION_SCORES",
     "check_predicted_choice",
     "check_causal_topk_attention",
     "check_indexer_scores",
