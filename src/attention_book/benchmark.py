@@ -1,6 +1,6 @@
 """What attention costs, measured: ``python -m attention_book.benchmark``.
 
-Five measurements, each a table of medians over repeated runs after a
+Seven measurements, each a table of medians over repeated runs after a
 warm-up run, with ratios between rows taken in the same run:
 
 1. ``MultiHeadAttention`` forward + backward (B=2, T=1024, d=768, 12 heads,
@@ -33,6 +33,15 @@ warm-up run, with ratios between rows taken in the same run:
    :class:`~attention_book.linear_attention.RecurrentState` against a ``MultiHeadAttention``
    layer with a :class:`~attention_book.kv_cache.KVCache` holding ``L`` tokens (time per token
    and the bytes each memory holds).
+7. Only with ``--only sparse`` (chapter 19): causal attention at T=4096 and T=16384 (B=1,
+   4 heads, head_dim=64) as PyTorch's fused ``scaled_dot_product_attention``, as top-k
+   gather attention (:func:`~attention_book.sparse.topk_attention`, k=256 keys per query)
+   and as block-sparse FlexAttention compiled with ``torch.compile``
+   (:func:`~attention_book.sparse.block_topk_attention`, 2 blocks of 128 keys per block of
+   queries), both choosing from the same random index scores; time and peak extra
+   memory, and each sparse output against dense attention given the same keys as a mask.
+   On the CPU top-k gather runs at T=4096 only (one call takes about 20 s there, and its
+   work grows like T * k); the table says so.
 
 The rows of one table run interleaved (round-robin), so a change of machine
 load affects them alike. This is a benchmark, not a test: nothing in the test
@@ -71,6 +80,7 @@ from .linear_attention import GatedDeltaNet, delta_rule
 from .model import TinyGPT
 from .modules import MultiHeadAttention
 from .serving import ContinuousBatcher
+from .sparse import block_topk_attention, block_topk_mask, topk_attention, topk_mask
 
 # The shapes the issue asks for.
 MHA_SHAPE = {"batch_size": 2, "num_tokens": 1024, "d_model": 768, "num_heads": 12}
@@ -83,6 +93,12 @@ SERVING_SHAPE = {"num_requests": 32, "vocab_size": 256, "d_model": 128, "num_hea
 LINEAR_SHAPE = {"batch_size": 1, "num_heads": 8, "num_tokens": 2048, "head_dim": 64,
                 "chunk_size": 64}
 LINEAR_DECODE_SHAPE = {"d_model": 512, "num_heads": 8, "lengths": (256, 1024, 4096, 16384)}
+# 256 keys per query either way: k = 256 for top-k gather, 2 blocks of 128 keys per block of
+# queries for block-sparse. (Chapter 19's k = 2048 makes one gather call at T=4096 take minutes
+# on 2 cores.)
+SPARSE_SHAPE = {"batch_size": 1, "num_heads": 4, "head_dim": 64, "top_k": 256,
+                "top_k_blocks": 2, "block_size": 128}
+SPARSE_LENGTHS = (4096, 16384)
 # Larger tiles than the default 128 mean fewer small operations in the Python loop.
 TILE_BLOCK_SIZE = 256
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -760,16 +776,134 @@ def bench_linear(repeats: int, device: _Device = CPU) -> str:
     return "\n".join(lines)
 
 
+def _rss_growth_mib(fn: Callable[[], object]) -> float:
+    """Growth of the peak RSS (``VmHWM``) of this process across one call of ``fn`` (Linux)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    before_kib = _status_kib("VmRSS")
+    result = fn()
+    peak_kib = _status_kib("VmHWM")
+    del result
+    return (peak_kib - before_kib) / 1024
+
+
+def _dense_with(mask: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """Dense attention whose keys are those of ``mask`` ``(B, T, T)``, shared by the heads."""
+    return lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask[:, None])
+
+
+def bench_sparse(repeats: int, device: _Device = CPU,
+                 lengths: tuple[int, ...] = SPARSE_LENGTHS) -> str:
+    """Target 7 (chapter 19): dense SDPA against top-k gather and block-sparse FlexAttention."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    batch_size, num_heads, head_dim, top_k, top_k_blocks, block_size = SPARSE_SHAPE.values()
+    dense = lambda q, k, v, scores: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, is_causal=True)
+    compiled = torch.compile(flex_attention)
+    variants = {
+        "dense SDPA (causal)": dense,
+        f"top-k gather (k={top_k})": lambda q, k, v, scores: topk_attention(
+            q, k, v, scores, top_k),
+        f"block-sparse Flex ({top_k_blocks} blocks)": lambda q, k, v, scores: (
+            block_topk_attention(q, k, v, scores, top_k_blocks, block_size=block_size,
+                                 kernel=compiled)),
+    }
+    gather, flex = list(variants)[1:]
+    lines = []
+    with torch.no_grad():
+        # Sanity check at a small T: top-k with k covering every key, and block-sparse with
+        # every block kept, are dense causal attention.
+        torch.manual_seed(0)
+        small = 256
+        q, k, v = (device.tensor(torch.randn(batch_size, num_heads, small, head_dim))
+                   for _ in range(3))  # (B, H, T, head_dim)
+        scores = device.tensor(torch.randn(batch_size, small, small))  # (B, T, T)
+        expected = dense(q, k, v, scores)
+        worst_small = max(
+            (topk_attention(q, k, v, scores, small) - expected).abs().max().item(),
+            (block_topk_attention(q, k, v, scores, small // block_size,
+                                  block_size=block_size) - expected).abs().max().item())
+        lines.append(f"7. sparse against dense causal attention, forward (chapter 19; "
+                     f"{device.label}), {repeats} runs per length")
+        lines.append(f"  T={small}, k={small} and every block kept: max |difference| to dense "
+                     f"causal = {worst_small:.2e} -> {_verdict(worst_small < 1e-4)}")
+        for num_tokens in lengths:
+            torch.manual_seed(0)
+            shape = (batch_size, num_heads, num_tokens, head_dim)
+            q, k, v = (device.tensor(torch.randn(shape)) for _ in range(3))  # (B, H, T, head_dim)
+            scores = device.tensor(torch.randn(batch_size, num_tokens, num_tokens))  # (B, T, T)
+            skip_gather = device.name == "cpu" and num_tokens > lengths[0]
+            names = [name for name in variants if not (skip_gather and name == gather)]
+            calls = {name: (lambda fn=variants[name], inputs=(q, k, v, scores): fn(*inputs))
+                     for name in names}
+            start = time.perf_counter()
+            flex_out = calls[flex]()
+            device.sync()
+            first_call = time.perf_counter() - start
+            # Each sparse output against dense attention given the chosen keys as a mask; these
+            # calls are also the warm-up.
+            tiles = block_topk_mask(scores, top_k_blocks, block_size=block_size).to_dense()
+            tile_mask = tiles[:, 0].repeat_interleave(block_size, 1).repeat_interleave(
+                block_size, 2)[:, :num_tokens, :num_tokens].bool()  # (B, T, T)
+            flex_mask = tile_mask & causal_mask(num_tokens, device=device.name)  # (B, T, T)
+            del tile_mask
+            worst = {"block-sparse": (flex_out - _dense_with(flex_mask)(q, k, v)).abs().max().item()}
+            del flex_mask, flex_out
+            if not skip_gather:
+                gather_mask = topk_mask(scores, top_k)  # (B, T, T)
+                worst["top-k"] = (calls[gather]()
+                                  - _dense_with(gather_mask)(q, k, v)).abs().max().item()
+                del gather_mask
+            calls[names[0]]()
+            if device.name == "cuda":
+                memory = {name: device.peak_extra_mib(fn) for name, fn in calls.items()}
+            else:
+                memory = {name: _rss_growth_mib(fn) for name, fn in calls.items()}
+            seconds = time_interleaved(calls, repeats, warmup=False, sync=device.sync)
+            kept = int(tiles.sum())
+            causal_tiles = tiles.size(-1) * (tiles.size(-1) + 1) // 2
+            del tiles
+            peak_name = "peak extra GPU memory" if device.name == "cuda" else "peak extra RSS"
+            extra = {name: f"{mib:9.1f} MiB" for name, mib in memory.items()}
+            lines += [
+                format_table(f"  T={num_tokens} (B={batch_size}, {num_heads} heads, head_dim="
+                             f"{head_dim}, block_size={block_size})", seconds,
+                             "dense SDPA (causal)", extra, peak_name),
+                "  outputs: max |difference| to dense SDPA with the same keys as a mask: "
+                + ", ".join(f"{name} {value:.2e}" for name, value in worst.items())
+                + f" -> {_verdict(max(worst.values()) < 1e-4)}",
+                f"  block-sparse computes {kept:,} of the {causal_tiles:,} causal tiles "
+                f"({kept / causal_tiles:.0%}); its first call at this T (compiling) took "
+                f"{first_call:.0f}s, outside the timing",
+            ]
+            if skip_gather:
+                lines.append(f"  {gather}: not run at T={num_tokens} on the CPU (too slow: "
+                             f"see its time at T={lengths[0]}; its work grows like T * k, "
+                             f"{num_tokens // lengths[0]}x that here)")
+            del q, k, v, scores, calls
+    if device.name != "cuda":
+        lines.append("  peak extra RSS: VmHWM - VmRSS across one call in this process, after "
+                     "malloc_trim and a reset of VmHWM (inputs and index scores already "
+                     "allocated, the output counts)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the options, print the header and the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (default 5)")
     parser.add_argument("--only", choices=["multihead", "long", "decode", "window", "serving",
-                                           "linear"],
+                                           "linear", "sparse"],
                         action="append",
                         help="run only these tables (repeatable); 'window' (T=16384, chapter 13) "
-                             "and 'linear' (chapter 18) run only when named")
+                             "and 'linear' (chapter 18) and 'sparse' (chapter 19) run only when named")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where to run (default cpu)")
     parser.add_argument("--dtype", choices=list(DTYPES), action="append",
@@ -810,6 +944,8 @@ def main(argv: list[str] | None = None) -> None:
             print("\n" + bench_serving(slow_repeats, device), flush=True)
         if "linear" in only:
             print("\n" + bench_linear(slow_repeats, device), flush=True)
+        if "sparse" in only:
+            print("\n" + bench_sparse(slow_repeats, device), flush=True)
     print(f"\ntotal wall time {time.perf_counter() - started:.0f}s")
 
 

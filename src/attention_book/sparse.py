@@ -87,7 +87,12 @@ def _visible(num_queries: int, num_keys: int, rows: slice, is_causal: bool,
     """The keys each query of ``rows`` may see: ``(rows, T_k)`` bottom-right causal, or None."""
     if not is_causal:
         return None
-    return causal_mask(num_queries, num_keys, device=device)[rows]  # (rows, T_k)
+    # Only these rows of the causal mask: building all T_q x T_k of it for every block of
+    # queries would cost more than the attention itself.
+    start, stop, _ = rows.indices(num_queries)
+    queries = torch.arange(start, stop, device=device)  # (rows,)
+    keys = torch.arange(num_keys, device=device)  # (T_k,)
+    return keys[None, :] <= queries[:, None] + (num_keys - num_queries)  # (rows, T_k)
 
 
 def _select(scores: torch.Tensor, top_k: int, visible: torch.Tensor | None) -> torch.Tensor:
