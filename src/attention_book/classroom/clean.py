@@ -294,7 +294,8 @@ def chapter_setup(source_notebook) -> tuple[str, dict[str, str]]:
             continue
         for node in tree.body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                imports.append(ast.unparse(node))
+                if not _imports_grader_code(node):
+                    imports.append(ast.unparse(node))
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 definitions[node.name] = ast.unparse(node)
             elif isinstance(node, ast.Assign) and not any(
@@ -303,6 +304,15 @@ def chapter_setup(source_notebook) -> tuple[str, dict[str, str]]:
                     if isinstance(target, ast.Name):
                         definitions[target.id] = ast.unparse(node)
     return "\n".join(dict.fromkeys(imports)), definitions
+
+
+def _imports_grader_code(node: ast.Import | ast.ImportFrom) -> bool:
+    """Whether an import of the chapter's own cells names grader-side code (a checker the
+    chapter demonstrates, say): answers never get those imports, which they may not make."""
+    names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+        [alias.name for alias in node.names]
+    return any(name == module or name.startswith(module + ".")
+               for name in names for module in sandbox.GRADER_MODULES)
 
 
 def _free_names(source: str) -> set[str]:
