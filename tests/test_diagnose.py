@@ -22,6 +22,7 @@ from attention_book.diagnose import (
     diagnose,
     torch_multihead_adapter,
 )
+from attention_book.fused import fused_attention
 
 # ----------------------------------------------------------------------------- the bug zoo
 
@@ -344,7 +345,7 @@ def _fused_with_sink(query, key, value, mask=None, sink_logit=None):
     """Healthy, and returns no weights: the sink as one more key of zeros, biased by the sink."""
     if sink_logit is None:
         return F.scaled_dot_product_attention(query, key, value, mask)
-    return attention_book.modules._fused_with_sink(query, key, value, mask, sink_logit, 0.0)
+    return fused_attention(query, key, value, mask, sink_logit=sink_logit)
 
 
 def _sigmoid_without_weights(query, key, value, mask=None, sink_logit=None):
