@@ -410,6 +410,11 @@ def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iter
     uid, gid = os.geteuid(), os.getegid()
     flags = _CLONE_NEWUSER | _CLONE_NEWNS | (_CLONE_NEWNET if network else 0)
     _check(libc.unshare(flags), "unshare(user, mount" + (", network)" if network else ")"))
+    # A process that is not dumpable (the grader makes itself so, and its forks inherit it) has
+    # its /proc/self files owned by root, so an account other than root could not write its own
+    # uid_map below. It becomes dumpable only until the jail is set up (the end of this
+    # function makes it not dumpable again), before any of the answer's code runs.
+    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
     try:
         _write("/proc/self/setgroups", "deny")
     except OSError:
@@ -753,6 +758,9 @@ def _kernel_main(argv: list[str]) -> int:
     Every refusal is written to the kernel's own standard error as a ``[sandbox]`` line,
     which nbgrader's log keeps for the instructor's summary.
     """
+    # A module imported for the first time would have its bytecode cached beside it, which
+    # the sandbox refuses (and reports, flagging an honest student): the kernel writes none.
+    sys.dont_write_bytecode = True
     cwd = os.getcwd()
     connection = None
     for index, arg in enumerate(argv):
