@@ -618,6 +618,13 @@ def install_audit_hook(*, readable: Iterable[str], writable: Iterable[str] = (),
     """
     readable = tuple(_unique([*readable, *_DEVICES]))
     writable = tuple(_unique(writable))
+    # A read-only root shown inside a writable one (a clone under /tmp, seen in a jail whose
+    # scratch is /tmp) stays read-only: writing under it is refused and reported.
+    shadowed = tuple(root for root in readable if _under(root, writable) and root not in writable)
+
+    def may_write(path: str) -> bool:
+        return _under(path, writable) and not _under(path, shadowed)
+
     blocked = tuple(blocked_modules)
     denied_events = set(_ALWAYS_DENIED)
     if not allow_processes:
@@ -667,7 +674,7 @@ def install_audit_hook(*, readable: Iterable[str], writable: Iterable[str] = (),
             if path == "/dev/null":
                 return
             if writing:
-                if not _under(path, writable):
+                if not may_write(path):
                     refuse("writing", path)
             elif not (_under(path, readable) or _under(path, writable)):
                 refuse("reading", path)
@@ -683,12 +690,12 @@ def install_audit_hook(*, readable: Iterable[str], writable: Iterable[str] = (),
             if source and source != "?" and not (_under(source, readable)
                                                  or _under(source, writable)):
                 refuse("reading", source)
-            if target and (target == "?" or not _under(target, writable)):
+            if target and (target == "?" or not may_write(target)):
                 refuse("changing", target)
         elif event in _PATH_EVENTS:
             for value in args[:2]:
                 path = path_of(value)
-                if path and path != "?" and not _under(path, writable):
+                if path and path != "?" and not may_write(path):
                     refuse("changing", path)
                 if path == "?" and not writable:
                     refuse("changing", "a file")
