@@ -391,13 +391,28 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not found in /proc/self/status")
 
 
-def _memory_child(variant: str, threads: int) -> None:
-    """In a fresh process: print the growth of the peak RSS across one call of ``variant``.
+def _rss_growth_mib(fn: Callable[[], object]) -> float:
+    """Growth of the peak RSS (``VmHWM``) of this process across one call of ``fn`` (Linux).
 
     Freed heap memory is first handed back to the system (``malloc_trim``) and the
     kernel's peak-RSS mark is reset to the current RSS (``/proc/self/clear_refs``),
     so the peak that follows belongs to this call alone.
     """
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    before_kib = _status_kib("VmRSS")
+    result = fn()
+    peak_kib = _status_kib("VmHWM")
+    del result
+    return (peak_kib - before_kib) / 1024
+
+
+def _memory_child(variant: str, threads: int) -> None:
+    """In a fresh process: print the growth of the peak RSS across one call of ``variant``."""
     torch.set_num_threads(threads)
     if variant in WINDOW_VARIANTS:
         query, key, value = _window_inputs()
@@ -406,25 +421,15 @@ def _memory_child(variant: str, threads: int) -> None:
         query, key, value = _long_inputs()
         fn = LONG_VARIANTS[variant]
     with torch.no_grad():
-        try:
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        before_kib = _status_kib("VmRSS")
-        output = fn(query, key, value)
-        peak_kib = _status_kib("VmHWM")
-    del output
-    print(json.dumps({"before_kib": before_kib, "peak_kib": peak_kib}))
+        extra_mib = _rss_growth_mib(lambda: fn(query, key, value))
+    print(json.dumps({"extra_mib": extra_mib}))
 
 
 def _peak_extra_mib(variant: str, threads: int) -> float:
     command = [sys.executable, "-m", "attention_book.benchmark", "--memory-child", variant,
                "--threads", str(threads)]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
-    figures = json.loads(result.stdout.strip().splitlines()[-1])
-    return (figures["peak_kib"] - figures["before_kib"]) / 1024
+    return json.loads(result.stdout.strip().splitlines()[-1])["extra_mib"]
 
 
 def bench_long(repeats: int, threads: int, device: _Device = CPU) -> str:
@@ -774,21 +779,6 @@ def bench_linear(repeats: int, device: _Device = CPU) -> str:
         lines.append(f"  {length:>7}  {cache_bytes / 2**20:>7.2f} MiB  {state_bytes / 2**20:>6.2f} MiB"
                      f"  {cache_s * 1e3:>11.3f}  {state_s * 1e3:>14.3f}")
     return "\n".join(lines)
-
-
-def _rss_growth_mib(fn: Callable[[], object]) -> float:
-    """Growth of the peak RSS (``VmHWM``) of this process across one call of ``fn`` (Linux)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-    before_kib = _status_kib("VmRSS")
-    result = fn()
-    peak_kib = _status_kib("VmHWM")
-    del result
-    return (peak_kib - before_kib) / 1024
 
 
 def _dense_with(mask: torch.Tensor) -> Callable[..., torch.Tensor]:

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..attention import causal_mask
-from .feedback import ExerciseFailure, call, checker, expect_shape, expect_true, fail, passed
+from .feedback import call, checker, expect_shape, expect_true, fail, number_from_config, passed
 
 __all__ = [
     "check_kv_bytes_per_token",
@@ -127,26 +127,10 @@ def check_kv_bytes_per_token(fn) -> None:
     if not callable(fn):
         call(fn)
     for name, config, context_length, expected, wrong in _KV_CASES:
-        try:
-            result = fn(dict(config), context_length)
-        except KeyError as error:
-            key = str(error).strip("'\"")
-            fail(f"kv_bytes_per_token reads the {name} config", expected="no error",
-                 actual=f"KeyError: {error}",
-                 hint=_MISSING_KEY_HINTS.get(key, "not every config has every key: use "
-                                                  "config.get(key) for the optional ones"))
-        except ExerciseFailure:
-            raise
-        except Exception as error:  # noqa: BLE001 - the learner's code becomes feedback
-            fail(f"kv_bytes_per_token runs on the {name} config", expected="no error",
-                 actual=f"{type(error).__name__}: {error}",
-                 hint="Run your function on this config in a cell of its own and read the "
-                      "error message.")
-        try:
-            value = float(result)
-        except (TypeError, ValueError):
-            fail(f"kv_bytes_per_token returns a number ({name})", expected="a number of bytes",
-                 actual=type(result).__name__, hint="return the bytes per token as a number")
+        value = number_from_config(fn, config, context_length, name="kv_bytes_per_token",
+                                   config_name=f"the {name} config",
+                                   key_hints=_MISSING_KEY_HINTS,
+                                   returns="return the bytes per token as a number")
         if abs(value - expected) <= 1e-6 * expected:
             continue
         for wrong_value, hint in wrong.items():

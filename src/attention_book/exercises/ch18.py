@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .feedback import ExerciseFailure, call, checker, expect_close, expect_shape, fail, passed
+from .feedback import call, checker, expect_close, expect_shape, fail, number_from_config, passed
 
 __all__ = [
     "check_gated_delta_step",
@@ -154,26 +154,10 @@ def check_hybrid_memory_bytes(fn) -> None:
     """
     call(fn, dict(_QWEN3_NEXT_TYPED), 32768)  # a blank answer says so before anything else
     for name, config, context_length, expected, wrong in _HYBRID_CASES:
-        try:
-            result = fn(dict(config), context_length)
-        except KeyError as error:
-            key = str(error).strip("'\"")
-            fail(f"hybrid_memory_bytes reads the config of {name}", expected="no error",
-                 actual=f"KeyError: {error}",
-                 hint=_HYBRID_KEY_HINTS.get(key, "not every config has every key: use "
-                                                 "config.get(key) for the optional ones"))
-        except ExerciseFailure:
-            raise
-        except Exception as error:  # noqa: BLE001 - the learner's code becomes feedback
-            fail(f"hybrid_memory_bytes runs on {name}", expected="no error",
-                 actual=f"{type(error).__name__}: {error}",
-                 hint="Run your function on this config in a cell of its own and read the "
-                      "error message.")
-        try:
-            value = float(result)
-        except (TypeError, ValueError):
-            fail(f"hybrid_memory_bytes returns a number ({name})", expected="a number of bytes",
-                 actual=type(result).__name__, hint="return the bytes as a number")
+        value = number_from_config(fn, config, context_length, name="hybrid_memory_bytes",
+                                   config_name=f"the config of {name}",
+                                   key_hints=_HYBRID_KEY_HINTS,
+                                   returns="return the bytes as a number")
         if abs(value - expected) <= 1e-9 * expected:
             continue
         for wrong_value, hint in wrong.items():

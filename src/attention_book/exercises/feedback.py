@@ -32,7 +32,8 @@ import torch
 
 __all__ = [
     "ExerciseFailure", "checker", "fail", "passed", "expect_shape", "expect_close",
-    "expect_true", "expect_int", "call", "KEPT_BACK", "hand_over", "HAND_OVER",
+    "expect_true", "expect_int", "call", "number_from_config", "KEPT_BACK", "hand_over",
+    "HAND_OVER",
 ]
 
 #: What a prediction's checker shows instead of the expected value while the answer is wrong.
@@ -139,6 +140,35 @@ def call(fn: Callable, *args, prop: str = "your function runs without an error",
         fail(prop, expected="no error", actual=f"{type(error).__name__}: {error}",
              hint="Run your function on a small input in a cell of its own and read the "
                   "error message.", reveal=True)
+
+
+def number_from_config(fn: Callable, config: dict, *args, name: str, config_name: str,
+                       key_hints: dict[str, str], returns: str) -> float:
+    """Run the learner's ``fn(config, *args)`` on a copy of a model's config; return a float.
+
+    A missing key becomes the hint ``key_hints`` gives for it; any other error, and a result
+    that is no number, become feedback naming the function ``name`` and ``config_name``
+    (e.g. "the Llama 3 config").
+    """
+    try:
+        result = fn(dict(config), *args)
+    except KeyError as error:
+        key = str(error).strip("'\"")
+        fail(f"{name} reads {config_name}", expected="no error", actual=f"KeyError: {error}",
+             hint=key_hints.get(key, "not every config has every key: use config.get(key) "
+                                     "for the optional ones"))
+    except ExerciseFailure:
+        raise
+    except Exception as error:  # noqa: BLE001 - the learner's code becomes feedback
+        fail(f"{name} runs on {config_name}", expected="no error",
+             actual=f"{type(error).__name__}: {error}",
+             hint="Run your function on this config in a cell of its own and read the "
+                  "error message.")
+    try:
+        return float(result)
+    except (TypeError, ValueError):
+        fail(f"{name} returns a number ({config_name})", expected="a number of bytes",
+             actual=type(result).__name__, hint=returns)
 
 
 def expect_true(prop: str, condition: bool, *, expected: object, actual: object, hint: str,
