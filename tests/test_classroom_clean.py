@@ -431,6 +431,18 @@ INDIRECT = {
     "special_module": ('import sys\n\n\ndef stable_softmax(x, dim=-1):\n'
                        '    return getattr(sys.modules["torch.special"], "soft" + "max")(x, dim)\n'),
 }
+# C4 in another thread: a dispatch mode holds in the thread that runs the answer only, so an
+# answer's process may start no thread (the kernel ends it, and the grade is flagged).
+THREADED = {
+    "own_thread": ('import threading\n\n\ndef stable_softmax(x, dim=-1):\n    out = []\n'
+                   '    worker = threading.Thread(target=lambda: out.append(getattr('
+                   'torch.ops.aten, "_soft" + "max")(x, dim, False)))\n'
+                   '    worker.start()\n    worker.join()\n    return out[0]\n'),
+    "pool": ('from concurrent.futures import ThreadPoolExecutor\n\n\n'
+             'def stable_softmax(x, dim=-1):\n    with ThreadPoolExecutor(1) as pool:\n'
+             '        return pool.submit(getattr(torch.ops.aten, "_soft" + "max"), x, dim, '
+             'False).result()\n'),
+}
 # C6: replies the grader must not decode, after lifting the sender's own limits; an answer
 # that hangs while a subject waits on it.
 LIFT = '''import gc
@@ -503,6 +515,7 @@ def boundary_graded(tmp_path_factory):
         "poisoner_correct": ({**keys, "ch02-ex1-answer": POISON_CORRECT}, None),
         "after_poisoner": (keys, None),
         **{name: ({"ch02-ex1-answer": code}, "ch02-ex1") for name, code in INDIRECT.items()},
+        **{name: ({"ch02-ex1-answer": code}, "ch02-ex1") for name, code in THREADED.items()},
         "flood": ({"ch02-ex1-answer": FLOOD}, "ch02-ex1"),
         "deep": ({"ch02-ex1-answer": DEEP}, "ch02-ex1"),
         "big": ({"ch02-ex1-answer": BIG}, "ch02-ex1"),
@@ -591,6 +604,17 @@ def test_c4_a_forbidden_call_is_refused_however_it_is_reached(boundary_graded):
         assert exercise.flags and "Not counted" in exercise.cause, (student, exercise)
         assert "softmax" in exercise.cause, (student, exercise.cause)
     _assert_full_marks(results, "after_poisoner")
+
+
+def test_c4_an_answer_cannot_carry_a_forbidden_call_to_another_thread(boundary_graded):
+    """The dispatcher's refusal is per thread: the kernel refuses the answer a second thread."""
+    plan, results, layers, _ = boundary_graded
+    assert layers.seccomp
+    for student in THREADED:
+        _assert_attack_earns_nothing(plan, results, student)
+        exercise = _result(results, student, "ch02-ex1")
+        assert "Not counted" in exercise.cause, (student, exercise)
+        assert any("system call" in flag for flag in exercise.flags), (student, exercise)
 
 
 def test_c5_a_lent_subject_shows_no_name_and_no_door(boundary_graded):

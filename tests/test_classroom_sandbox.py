@@ -204,6 +204,20 @@ def test_the_seccomp_filter_alone_refuses_sockets_processes_and_shared_writes(tm
 
     assert ended_by(native_socket) == signal.SIGSYS
 
+    def one_thread(start_another: bool):
+        import threading
+
+        import torch
+
+        torch.set_num_threads(1)
+        syscalls.confine(kill=True, threads=False)  # an answer's process: one thread only
+        (torch.ones(3, requires_grad=True).softmax(0) * 2).sum().backward()  # needs none
+        if start_another:
+            threading.Thread(target=len, args=("",)).start()
+
+    assert ended_by(lambda: one_thread(False)) == 0
+    assert ended_by(lambda: one_thread(True)) == signal.SIGSYS
+
 
 def test_the_jail_shows_python_and_the_package_read_only_and_nothing_else(secret):
     exercises = Path(sandbox.package_root(), "attention_book", "exercises")

@@ -701,8 +701,9 @@ def _enter_answer_sandbox(jail_root: str, limits: Limits, required: sandbox.Laye
     sandbox.limit_resources(memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds,
                             file_bytes=64 * 2**20 if contained else 0, open_files=256)
     sandbox.neuter_native_file_access()
+    # one thread: the dispatcher's refusal of forbidden operators holds in this thread only
     entered = sandbox.confine(roots, [scratch], hidden=hidden, network_namespace=jailed,
-                              kill=True)
+                              kill=True, threads=False)
     if entered.landlock < required.landlock or (required.seccomp and not entered.seccomp):
         os._exit(3)
     return roots, [scratch]

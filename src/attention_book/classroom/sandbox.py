@@ -461,7 +461,8 @@ def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iter
 def confine(readable: Iterable[str], writable: Iterable[str] = (), *,
             hidden: Iterable[str] = (), listen_ports: Iterable[int] = (),
             policy: Policy = Policy(), network_namespace: bool = False, kill: bool = False,
-            all_threads: bool = False, filter_syscalls: bool = True) -> Layers:
+            all_threads: bool = False, filter_syscalls: bool = True,
+            threads: bool = True) -> Layers:
     """Enter layers 2 and 3 (Landlock and the seccomp filter), whichever this machine has.
 
     Capabilities are dropped too (a grader run as root keeps none). Call it after
@@ -481,6 +482,8 @@ def confine(readable: Iterable[str], writable: Iterable[str] = (), *,
             come before any thread, which the caller ensures).
         filter_syscalls: load the seccomp filter now (a kernel loads it later, once its own
             sockets exist).
+        threads: the process may start threads (an answer's process may not: see
+            :func:`.syscalls.confine`).
 
     Returns:
         The :class:`Layers` now in force (``namespaces`` is ``network_namespace``).
@@ -502,7 +505,7 @@ def confine(readable: Iterable[str], writable: Iterable[str] = (), *,
     if filter_syscalls:
         try:
             syscalls.confine(processes=policy.processes, tcp=tcp, kill=kill,
-                             all_threads=all_threads)
+                             all_threads=all_threads, threads=threads)
             filtered = True
         except syscalls.SyscallFilterError:
             filtered = False

@@ -8,7 +8,12 @@ filter says, through libseccomp's own Python bindings (Debian's ``python3-seccom
   Python's ``socket`` nor native code (``torch.distributed.TCPStore``) opens one; a chapter
   whose workers talk over loopback TCP may open TCP sockets (see :data:`.sandbox.POLICIES`);
 - **no new processes**: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` and
-  ``execve`` are refused (threads stay allowed), unless the policy allows processes;
+  ``execve`` are refused, unless the policy allows processes;
+- **no new threads** in an answer's process (``threads=False``): every ``clone`` is refused.
+  The refusal of the forbidden PyTorch operators at the dispatcher holds in the thread that
+  runs the answer (a dispatch mode is per thread), so an answer may not start another one.
+  The answer's process pins PyTorch to one thread before the filter, and makes none of its
+  own; a Jupyter kernel keeps its threads;
 - **no writable shared file mappings**: ``mmap`` with ``PROT_WRITE`` and ``MAP_SHARED`` on a
   file, the way ``torch.ops.aten.from_file(..., shared=True)`` writes into a file;
 - **no reach into other processes or the kernel**: ``ptrace``, ``process_vm_readv/writev``,
@@ -105,7 +110,7 @@ def _rule(seccomp, flt, action, name: str, *args) -> None:
 
 
 def confine(*, processes: bool = False, tcp: bool = False, all_threads: bool = False,
-            kill: bool = False) -> None:
+            kill: bool = False, threads: bool = True) -> None:
     """Load the grading filter into this process (and every process it starts).
 
     Args:
@@ -116,6 +121,8 @@ def confine(*, processes: bool = False, tcp: bool = False, all_threads: bool = F
             over loopback inside a network namespace of their own).
         all_threads: apply it to every thread of the process (a kernel whose threads were
             started before), not only to the calling one.
+        threads: allow new threads (a kernel's, a rank's). Without it, and without
+            ``processes``, ``clone`` is refused whatever its flags.
 
     Raises:
         SyscallFilterError: no bindings, or the kernel refused the filter.
@@ -147,8 +154,11 @@ def confine(*, processes: bool = False, tcp: bool = False, all_threads: bool = F
         else:
             for name in _PROCESSES:
                 _rule(seccomp, flt, trap, name)
-            _rule(seccomp, flt, trap, "clone",
-                  seccomp.Arg(0, seccomp.MASKED_EQ, _CLONE_THREAD, 0))
+            if threads:
+                _rule(seccomp, flt, trap, "clone",
+                      seccomp.Arg(0, seccomp.MASKED_EQ, _CLONE_THREAD, 0))
+            else:
+                _rule(seccomp, flt, trap, "clone")
         flt.load()
     except SyscallFilterError:
         raise
