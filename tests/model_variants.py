@@ -19,8 +19,9 @@ from attention_book.model import TinyGPT
 class RunningSum:
     """The stand-in mixer's cache: a running sum of its values and a count, of fixed size.
 
-    It follows the model's cache protocol (``len`` and ``positions``) and nothing more, as a
-    linear-attention layer's recurrent state does.
+    It follows the model's cache protocol (``len`` and ``positions``), and ``stack``, with
+    which a server batches the states of several sequences, as a linear-attention layer's
+    recurrent state does.
     """
 
     def __init__(self):
@@ -32,6 +33,35 @@ class RunningSum:
 
     def positions(self, num_new, device):
         return torch.arange(self.count, self.count + num_new, device=device)  # (T_new,)
+
+    def advance(self, num_new: int, total: torch.Tensor) -> None:
+        self.total, self.count = total, self.count + num_new
+
+    @staticmethod
+    def stack(states: list) -> "StackedSums":
+        return StackedSums(states)
+
+
+class StackedSums(RunningSum):
+    """Several sequences' sums as one batch; each row has its own count and positions."""
+
+    def __init__(self, states: list):
+        super().__init__()
+        self.states = states
+        self.count = max(len(state) for state in states)
+        held = [state.total for state in states if state.total is not None]
+        if held:
+            self.total = torch.cat([torch.zeros_like(held[0]) if state.total is None
+                                    else state.total for state in states])  # (B, d_model)
+
+    def positions(self, num_new, device):
+        starts = torch.tensor([len(state) for state in self.states], device=device)  # (B,)
+        return starts[:, None] + torch.arange(num_new, device=device)  # (B, T_new)
+
+    def advance(self, num_new: int, total: torch.Tensor) -> None:
+        for row, state in enumerate(self.states):
+            state.advance(num_new, total[row:row + 1])
+        self.total, self.count = total, self.count + num_new
 
 
 class CausalMean(torch.nn.Module):
@@ -49,11 +79,11 @@ class CausalMean(torch.nn.Module):
         sums = self.W_value(x).cumsum(dim=1)  # (B, T, d_model)
         positions = torch.arange(x.size(1), device=x.device)  # (T,)
         if kv_cache is not None:
-            positions = kv_cache.positions(x.size(1), x.device)  # (T,)
+            positions = kv_cache.positions(x.size(1), x.device)  # (T,) or (B, T)
             if kv_cache.total is not None:
                 sums = sums + kv_cache.total[:, None]  # (B, T, d_model)
-            kv_cache.total, kv_cache.count = sums[:, -1], kv_cache.count + x.size(1)
-        out = self.out_proj(sums / (positions + 1)[:, None].to(x.dtype))  # (B, T, d_model)
+            kv_cache.advance(x.size(1), sums[:, -1])
+        out = self.out_proj(sums / (positions + 1)[..., None].to(x.dtype))  # (B, T, d_model)
         return (out, None) if return_weights else out
 
 

@@ -375,3 +375,31 @@ def test_the_sandboxed_kernel_runs_honest_work_and_refuses_the_rest(secret, tmp_
     native = json.loads(outputs["native"].strip().splitlines()[-1])
     assert set(native) == {"native read", "shared map of the grader", "parent command line",
                            "tcp store"} and "done" not in native.values(), native
+
+
+def test_a_sandboxed_process_ends_with_the_process_that_started_it():
+    """Kernels, graders and answers call die_with_parent: a killed autograde leaves none."""
+    import select
+    import signal
+    import time
+
+    read, write = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # pragma: no cover - the "grader"
+        os.close(read)
+        if os.fork() == 0:  # the "answer": holds the pipe open for as long as it lives
+            sandbox.die_with_parent()
+            os.write(write, b"armed")
+            time.sleep(600)
+            os._exit(0)
+        time.sleep(600)
+        os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 5) == b"armed"
+        os.kill(middle, signal.SIGKILL)
+        os.waitpid(middle, 0)
+        ready, _, _ = select.select([read], [], [], 60)  # a condition, not a fixed time
+        assert ready and os.read(read, 1) == b"", "the answer outlived its grader"
+    finally:
+        os.close(read)

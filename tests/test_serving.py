@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_variants import variant
+from model_variants import VARIANTS, variant
 
 import attention_book as ab
 from attention_book import causal_mask, scaled_dot_product_attention
@@ -22,6 +22,7 @@ from attention_book.serving import (
     OutOfBlocksError,
     PagedKVCache,
     generate_batch,
+    new_sequence_states,
     paged_attention,
     paged_forward,
 )
@@ -415,6 +416,20 @@ def test_a_small_pool_preempts_and_still_gives_the_same_tokens():
         assert torch.equal(batcher.output(request_id), model.generate(prompt[None], count)[0])
 
 
+def test_a_hybrid_model_preempted_recomputes_its_states_and_gives_the_same_tokens():
+    """A preempted request's recurrent states go with its blocks and are rebuilt with them."""
+    model = variant("gated deltanet hybrid")
+    prompts = _prompts([3, 5, 2, 4], vocab_size=11, seed=8)
+    counts = [8, 6, 9, 7]
+    batcher = ContinuousBatcher(model, block_size=2, num_blocks=12)
+    request_ids = [batcher.submit(prompt, count) for prompt, count in zip(prompts, counts, strict=True)]
+    batcher.run()
+    assert sum(len(record.preempted) for record in batcher.history) > 0
+    assert batcher.done and batcher.cache.blocks_in_use == 0 and not batcher.states
+    for request_id, prompt, count in zip(request_ids, prompts, counts, strict=True):
+        assert torch.equal(batcher.output(request_id), model.generate(prompt[None], count)[0])
+
+
 def test_requests_arrive_and_finish_at_different_times():
     model = _model()
     prompts = _prompts([4, 2, 6, 3], seed=4)
@@ -442,40 +457,51 @@ def test_requests_arrive_and_finish_at_different_times():
 # --------------------------------------------------------------------------- the cache protocol
 
 
-PAGED_VARIANTS = ["learned positions", "rope", "gqa", "latent", "sink"]
-
-
 def _paged_cache_for(model: TinyGPT, num_blocks: int = 24, block_size: int = 3) -> PagedKVCache:
-    attention = model.blocks[0].attention
+    """A pool for the model's attention layers (a hybrid's recurrent layers page nothing)."""
+    layers = [block.attention for block in model.blocks
+              if isinstance(block.attention, (ab.MultiHeadAttention, ab.GroupedQueryAttention,
+                                              ab.MultiHeadLatentAttention))]
+    attention = layers[0]
     if isinstance(attention, ab.MultiHeadLatentAttention):  # one latent per token, no value
         return PagedKVCache(num_blocks, block_size, 1, attention.latent_dim,
-                            num_layers=len(model.blocks), dtype=torch.float64, store_values=False)
+                            num_layers=len(layers), dtype=torch.float64, store_values=False)
     return PagedKVCache(num_blocks, block_size, attention.num_kv_heads, attention.head_dim,
-                        num_layers=len(model.blocks), dtype=torch.float64)
+                        num_layers=len(layers), dtype=torch.float64)
 
 
-@pytest.mark.parametrize("name", PAGED_VARIANTS)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_paged_views_of_a_ragged_batch_give_the_full_forward_logits(name):
-    """Sequences of 2, 7 and 4 tokens decode together; each row equals its own full pass."""
+    """Sequences of 2, 7 and 4 tokens decode together; each row equals its own full pass.
+
+    A hybrid's recurrent layers keep one state per sequence beside the pool, stacked for the
+    batch at each step (the sequences have read different numbers of tokens).
+    """
     model = variant(name)
     lengths = [2, 7, 4]
     tokens = _prompts([length + 3 for length in lengths], vocab_size=11, seed=5)
     cache = _paged_cache_for(model)
+    states = {}
     for seq_id, (sequence, length) in enumerate(zip(tokens, lengths, strict=True)):
         cache.add_sequence(seq_id)
-        paged_forward(model, cache, [seq_id], sequence[None, :length])  # each prompt alone
+        states[seq_id] = new_sequence_states(model)
+        paged_forward(model, cache, [seq_id], sequence[None, :length],  # each prompt alone
+                      states=states)
     steps = []
     for step in range(3):  # then one token of every sequence per batched forward pass
         idx = torch.stack([sequence[length + step] for sequence, length in
                            zip(tokens, lengths, strict=True)])[:, None]  # (B, 1)
-        steps.append(paged_forward(model, cache, [0, 1, 2], idx))  # (B, 1, vocab_size)
+        steps.append(paged_forward(model, cache, [0, 1, 2], idx, states=states))  # (B, 1, V)
     decoded = torch.cat(steps, dim=1)  # (B, 3, vocab_size)
     with torch.no_grad():
         for row, (sequence, length) in enumerate(zip(tokens, lengths, strict=True)):
             full = model(sequence[None])  # (1, length + 3, vocab_size)
             torch.testing.assert_close(decoded[row], full[0, length:])
-    assert [cache.length(seq_id, layer) for seq_id in range(3) for layer in range(2)] == [
-        5, 5, 10, 10, 7, 7]
+    assert [cache.length(seq_id, layer) for seq_id in range(3)
+            for layer in range(cache.num_layers)] == [5] * cache.num_layers + [
+        10] * cache.num_layers + [7] * cache.num_layers
+    assert [len(state) for seq_id in range(3) for state in states[seq_id]] == [
+        5] * len(states[0]) + [10] * len(states[0]) + [7] * len(states[0])
 
 
 def test_the_views_of_a_step_share_one_reservation_and_follow_the_protocol():
@@ -510,7 +536,7 @@ def test_the_views_of_a_step_share_one_reservation_and_follow_the_protocol():
         cache.batch_views(["b", "b"], 1)
 
 
-@pytest.mark.parametrize("name", PAGED_VARIANTS)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_paged_generation_equals_model_generate_for_every_variant(name):
     model = variant(name)
     prompts = _prompts([5, 1, 3], vocab_size=11, seed=6)
@@ -520,9 +546,39 @@ def test_paged_generation_equals_model_generate_for_every_variant(name):
         assert torch.equal(output, model.generate(prompt[None], count)[0])
 
 
-def test_a_mixer_without_keys_and_values_is_refused_with_a_clear_error():
-    with pytest.raises(ValueError, match="block 0's mixer is a CausalMean; a PagedKVCache pages"):
-        generate_batch(variant("hybrid"), [torch.tensor([1, 2])], 2)
+def test_a_mixer_whose_state_cannot_be_batched_is_refused_with_a_clear_error():
+    from model_variants import CausalMean, RunningSum
+
+    class Unstackable(RunningSum):
+        stack = None  # a state a server cannot batch
+
+    class Mixer(CausalMean):
+        def new_cache(self, max_length):
+            return Unstackable()
+
+    model = variant("hybrid")
+    model.blocks[0].attention = model.blocks[0].mixer = Mixer(16)
+    with pytest.raises(ValueError, match="block 0's mixer is a Mixer, whose cache .a Unstackable. "
+                                         "has no stack"):
+        generate_batch(model.eval(), [torch.tensor([1, 2])], 2)
+
+
+def test_a_hybrid_step_checks_the_states_before_it_reserves_blocks():
+    model = variant("gated deltanet hybrid")
+    cache = _paged_cache_for(model)
+    cache.add_sequence("a")
+    with pytest.raises(TypeError, match="1 recurrent layer.*pass states="):
+        paged_forward(model, cache, ["a"], torch.tensor([[1, 2]]))
+    with pytest.raises(ValueError, match="states holds nothing for sequence 'b'"):
+        cache.add_sequence("b")
+        paged_forward(model, cache, ["a", "b"], torch.tensor([[1], [2]]),
+                      states={"a": new_sequence_states(model)})
+    states = {"a": new_sequence_states(model)}
+    paged_forward(model, cache, ["a"], torch.tensor([[1, 2, 3]]), states=states)
+    stale = {"a": new_sequence_states(model)}  # has read nothing; the pool holds 3 tokens
+    with pytest.raises(ValueError, match=r"have read \[0\] tokens but the pool holds 3"):
+        paged_forward(model, cache, ["a"], torch.tensor([[4]]), states=stale)
+    assert cache.length("a") == 3 and cache.blocks_in_use == 1  # nothing was reserved
 
 
 def test_serving_has_no_layer_code_of_its_own():

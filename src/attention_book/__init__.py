@@ -74,6 +74,7 @@ from .serving import (
     PagedKVCache,
     StepRecord,
     generate_batch,
+    new_sequence_states,
     paged_attention,
     paged_forward,
 )
@@ -134,6 +135,7 @@ __all__ = [
     "OutOfBlocksError",
     "paged_attention",
     "paged_forward",
+    "new_sequence_states",
     "ContinuousBatcher",
     "StepRecord",
     "generate_batch",

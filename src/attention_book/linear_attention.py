@@ -20,7 +20,7 @@ This module imports only the argument checks.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -512,6 +512,90 @@ class RecurrentState:
                 f"of shape {tuple(memory.shape)}; got {tuple(normalizer.shape)}"
             )
         self.memory, self.normalizer = memory, normalizer
+        self._length += num_new
+
+    @staticmethod
+    def stack(states: Sequence[RecurrentState]) -> RecurrentState:
+        """One state for a batch of sequences, each with a state of its own (a server's batch).
+
+        A server that decodes many sequences in one forward pass (chapter 16) keeps one
+        state per sequence and layer, of batch size 1, beside its paged pool of keys and
+        values. For a step it stacks the states of the batch's sequences into one, which
+        the layer reads and advances as any state; what the layer stores goes back, row by
+        row, into each sequence's own state. The sequences may have read different numbers
+        of tokens: :meth:`positions` then gives each row its own positions, as a paged view
+        does. A state that has read nothing yet starts from zeros, which is what an empty
+        state means.
+
+        Args:
+            states: one state per sequence, each empty or holding batch size 1.
+
+        Shapes:
+            each memory ``(1, H, d_k, d_v)`` -> the stack's ``(len(states), H, d_k, d_v)``.
+
+        Returns:
+            A :class:`RecurrentState` whose :meth:`advance` writes through to ``states``.
+        """
+        return _StackedStates(states)
+
+
+class _StackedStates(RecurrentState):
+    """A batch made of per-sequence states; :meth:`advance` writes each row back."""
+
+    def __init__(self, states: Sequence[RecurrentState]):
+        if isinstance(states, RecurrentState) or not isinstance(states, Sequence) or not states:
+            raise TypeError("states must be a non-empty list of RecurrentState, one per sequence")
+        for index, state in enumerate(states):
+            if not isinstance(state, RecurrentState):
+                raise TypeError(f"states[{index}] is a {type(state).__name__}, not a "
+                                "RecurrentState")
+            if state.memory is not None and state.memory.size(0) != 1:
+                raise ValueError(f"states[{index}] holds a batch of {state.memory.size(0)}; "
+                                 "each sequence's state must hold batch size 1")
+        limits = [state.max_length for state in states if state.max_length is not None]
+        super().__init__(min(limits) if limits else None)
+        self.states = list(states)
+        self.lengths = [len(state) for state in states]
+        self._length = max(self.lengths)
+        held = [state for state in states if state.memory is not None]
+        if held:
+            shapes = {tuple(state.memory.shape) for state in held}
+            if len(shapes) != 1 or len({state.normalizer is None for state in held}) != 1:
+                raise ValueError(f"the states hold memories of different shapes {sorted(shapes)} "
+                                 "(or some have a normaliser and some not): they belong to "
+                                 "different layers")
+            template = held[0]
+
+            def rows(name: str) -> torch.Tensor | None:
+                if getattr(template, name) is None:
+                    return None
+                zero = torch.zeros_like(getattr(template, name))
+                return torch.cat([zero if getattr(state, name) is None else getattr(state, name)
+                                  for state in states])  # (B, ...)
+
+            self.memory, self.normalizer = rows("memory"), rows("normalizer")
+
+    def positions(self, num_new: int, device: torch.device | str | None = None) -> torch.Tensor:
+        if len(set(self.lengths)) == 1:
+            return super().positions(num_new, device)  # (T_new,)
+        super().positions(num_new, device)  # checks num_new
+        starts = torch.tensor(self.lengths, device=device)  # (B,)
+        return starts[:, None] + torch.arange(num_new, device=device)  # (B, T_new)
+
+    def check_room(self, num_new: int) -> None:
+        for state in self.states:
+            state.check_room(num_new)
+
+    def advance(self, num_new: int, memory: torch.Tensor,
+                normalizer: torch.Tensor | None = None) -> None:
+        if memory.size(0) != len(self.states):
+            raise ValueError(f"memory holds a batch of {memory.size(0)} for "
+                             f"{len(self.states)} stacked states")
+        for row, state in enumerate(self.states):
+            state.advance(num_new, memory[row:row + 1],
+                          None if normalizer is None else normalizer[row:row + 1])
+        self.memory, self.normalizer = memory, normalizer
+        self.lengths = [length + num_new for length in self.lengths]
         self._length += num_new
 
 

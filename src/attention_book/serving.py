@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +47,7 @@ __all__ = [
     "PagedBatchView",
     "paged_attention",
     "paged_forward",
+    "new_sequence_states",
     "StepRecord",
     "ContinuousBatcher",
     "generate_batch",
@@ -783,26 +784,53 @@ def paged_attention(queries: torch.Tensor, cache: PagedKVCache, seq_ids: Sequenc
 # ---------------------------------------------------------------------- the model on a paged cache
 
 
+_PAGED_MIXERS = (MultiHeadAttention, GroupedQueryAttention, MultiHeadLatentAttention)
+
+
+def _paged_layers(model: TinyGPT) -> list[int]:
+    """The blocks whose mixer pages keys and values; the others keep one state per sequence.
+
+    A hybrid model (chapter 18) mixes attention layers with recurrent ones. An attention
+    layer's keys and values go into the pool; a recurrent layer's fixed-size state does not
+    grow, so there is nothing to page: each sequence keeps its own state beside the pool, and
+    a step stacks the states of its batch (``type(state).stack``, e.g.
+    :meth:`~attention_book.RecurrentState.stack`).
+    """
+    paged = []
+    for index, block in enumerate(model.blocks):
+        if isinstance(block.attention, _PAGED_MIXERS):
+            paged.append(index)
+            continue
+        state = block.new_cache(model.context_length)
+        if not callable(getattr(type(state), "stack", None)):
+            raise ValueError(
+                f"block {index}'s mixer is a {type(block.attention).__name__}, whose cache "
+                f"(a {type(state).__name__}) has no stack() to batch the states of several "
+                "sequences; a server pages the keys and values of MultiHeadAttention, "
+                "GroupedQueryAttention and MultiHeadLatentAttention layers and stacks the "
+                "per-sequence states of the others (RecurrentState.stack)"
+            )
+    if not paged:
+        raise ValueError("the model has no attention layer, so no keys and values to page: "
+                         "generate with model.generate, whose states are already fixed in size")
+    return paged
+
+
 def _cache_layout(model: TinyGPT) -> tuple[int, int, bool]:
     """What a paged cache needs for ``model``: ``(num_kv_heads, head_dim, store_values)``.
 
     Multi-head and grouped-query attention store keys and values of their key/value heads;
     multi-head latent attention stores one latent per token, as a key of one head and no
-    value. Every layer must need the same: one pool holds one layout.
+    value. Every attention layer must need the same: one pool holds one layout. (A recurrent
+    layer's state is not paged; see :func:`_paged_layers`.)
     """
     layouts = set()
-    for index, block in enumerate(model.blocks):
-        attention = block.attention
-        if isinstance(attention, (MultiHeadAttention, GroupedQueryAttention)):
-            layouts.add((attention.num_kv_heads, attention.head_dim, True))
-        elif isinstance(attention, MultiHeadLatentAttention):
+    for index in _paged_layers(model):
+        attention = model.blocks[index].attention
+        if isinstance(attention, MultiHeadLatentAttention):
             layouts.add((1, attention.latent_dim, False))
         else:
-            raise ValueError(
-                f"block {index}'s mixer is a {type(attention).__name__}; a PagedKVCache pages "
-                "the keys and values of MultiHeadAttention, GroupedQueryAttention and "
-                "MultiHeadLatentAttention layers only"
-            )
+            layouts.add((attention.num_kv_heads, attention.head_dim, True))
         if not attention.causal:
             raise ValueError(f"block {index}'s attention is not causal; a decoder's cache "
                              "needs causal attention")
@@ -810,6 +838,30 @@ def _cache_layout(model: TinyGPT) -> tuple[int, int, bool]:
         raise ValueError(f"the layers need different cache layouts (num_kv_heads, head_dim, "
                          f"store_values) {sorted(layouts)}; one PagedKVCache holds one layout")
     return layouts.pop()
+
+
+def new_sequence_states(model: TinyGPT) -> list:
+    """The empty states one sequence keeps beside the paged pool, one per recurrent layer.
+
+    A model whose blocks are all attention keeps none (the list is empty); a hybrid model
+    (chapter 18) keeps one per block that is not attention, in block order: what
+    :func:`paged_forward`'s ``states`` holds for each sequence.
+
+    Args:
+        model: a :class:`~attention_book.model.TinyGPT`.
+
+    Shapes:
+        (no tensors)
+
+    Returns:
+        A list of empty caches (each a :class:`~attention_book.RecurrentState` for chapter 18's
+        layers).
+
+    Taught in chapter 16 (the hybrid models in chapter 18).
+    """
+    paged = set(_paged_layers(_check_model(model)))
+    return [block.new_cache(model.context_length)
+            for index, block in enumerate(model.blocks) if index not in paged]
 
 
 def _check_model(model: object) -> TinyGPT:
@@ -837,7 +889,7 @@ def _check_tokens(model: TinyGPT, idx: object, name: str = "idx") -> None:
 def _check_cache_fits(model: TinyGPT, cache: PagedKVCache) -> None:
     dtype = next(model.parameters()).dtype
     num_kv_heads, head_dim, store_values = _cache_layout(model)
-    expected = (len(model.blocks), num_kv_heads, head_dim, dtype)
+    expected = (len(_paged_layers(model)), num_kv_heads, head_dim, dtype)
     actual = (cache.num_layers, cache.num_kv_heads, cache.head_dim, cache.dtype)
     if expected != actual:
         raise ValueError(
@@ -851,25 +903,32 @@ def _check_cache_fits(model: TinyGPT, cache: PagedKVCache) -> None:
 
 @torch.no_grad()
 def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashable],
-                  idx: torch.Tensor) -> torch.Tensor:
+                  idx: torch.Tensor, *,
+                  states: Mapping[Hashable, Sequence] | None = None) -> torch.Tensor:
     """Run ``model`` on the next ``T_new`` tokens of several sequences, with a paged cache.
 
     The tokens of sequence ``i`` take the positions after the ones it holds. The blocks for
     them are reserved in every layer first (:meth:`PagedKVCache.batch_views`; if the pool
     runs out, :class:`OutOfBlocksError` is raised before any layer writes), then the model's
-    own forward pass runs with one :class:`PagedBatchView` per layer as its caches: each
-    attention layer writes its keys and values into the pool and attends over its
+    own forward pass runs with one :class:`PagedBatchView` per attention layer as its caches:
+    each attention layer writes its keys and values into the pool and attends over its
     sequence's cached tokens, with each sequence's own positions (the learned position
-    embedding, or RoPE). So the logits equal those of ``model(whole sequence)`` at the new
-    positions, for any attention the model's blocks hold (multi-head, grouped-query or
-    latent; learned positions or RoPE; with or without a sink).
+    embedding, or RoPE). A hybrid model's recurrent layers (chapter 18) get the stack of the
+    batch's own states instead (``states``; :meth:`~attention_book.RecurrentState.stack`),
+    and advance each. So the logits equal those of ``model(whole sequence)`` at the new
+    positions, for any mixer the model's blocks hold (multi-head, grouped-query or latent
+    attention, with learned positions or RoPE, with or without a sink; recurrent layers).
 
     Args:
         model: a :class:`~attention_book.model.TinyGPT` in eval mode.
-        cache: a :class:`PagedKVCache` with the model's layers, key/value heads, head size and
-            dtype, holding every sequence of ``seq_ids`` (the same length in every layer).
+        cache: a :class:`PagedKVCache` with the model's attention layers, key/value heads,
+            head size and dtype, holding every sequence of ``seq_ids`` (the same length in
+            every layer).
         seq_ids: the sequences, one per row of ``idx``, each named once.
         idx: the new token ids.
+        states: for a model with recurrent layers, each sequence's states
+            (:func:`new_sequence_states`, then as this function leaves them), by sequence id;
+            each has read as many tokens as the sequence holds in the pool.
 
     Shapes:
         idx ``(len(seq_ids), T_new)`` -> logits ``(len(seq_ids), T_new, vocab_size)``.
@@ -877,7 +936,7 @@ def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashabl
     Returns:
         The logits at the new positions.
 
-    Taught in chapter 16.
+    Taught in chapter 16 (the hybrid models in chapter 18).
     """
     model = _check_model(model)
     if not isinstance(cache, PagedKVCache):
@@ -894,11 +953,42 @@ def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashabl
         raise ValueError(f"a sequence holding {longest} tokens plus T_new={num_new} makes "
                          f"{longest + num_new}, which exceeds "
                          f"context_length={model.context_length}")
-    views = cache.batch_views(seq_ids, num_new)  # reserves every layer's slots, or raises
+    rows = _sequence_states(model, cache, seq_ids, states)
+    views = iter(cache.batch_views(seq_ids, num_new))  # reserves every layer's slots, or raises
     if batch_size == 0 or num_new == 0:
         return torch.zeros(batch_size, num_new, model.vocab_size, dtype=cache.dtype,
                            device=idx.device)
-    return model(idx, kv_caches=views)  # (B, T_new, vocab_size)
+    stacked = iter(type(layer[0]).stack(layer) for layer in zip(*rows, strict=True))
+    paged = set(_paged_layers(model))
+    caches = [next(views) if index in paged else next(stacked)
+              for index in range(len(model.blocks))]
+    return model(idx, kv_caches=caches)  # (B, T_new, vocab_size)
+
+
+def _sequence_states(model: TinyGPT, cache: PagedKVCache, seq_ids: list,
+                     states: Mapping[Hashable, Sequence] | None) -> list[list]:
+    """Each sequence's states, checked against the model and the pool (before anything changes)."""
+    needed = len(model.blocks) - len(_paged_layers(model))
+    if needed == 0:
+        return [[] for _ in seq_ids]
+    if not isinstance(states, Mapping):
+        raise TypeError(f"the model has {needed} recurrent layer(s), whose states are not "
+                        "paged: pass states={seq_id: new_sequence_states(model), ...}, got "
+                        f"{type(states).__name__}")
+    rows = []
+    for seq_id in seq_ids:
+        if seq_id not in states:
+            raise ValueError(f"states holds nothing for sequence {seq_id!r}")
+        row = list(states[seq_id])
+        if len(row) != needed:
+            raise ValueError(f"states[{seq_id!r}] holds {len(row)} state(s); the model has "
+                             f"{needed} recurrent layer(s)")
+        lengths = [len(state) for state in row]
+        if any(length != cache.length(seq_id) for length in lengths):
+            raise ValueError(f"the states of sequence {seq_id!r} have read {lengths} tokens but "
+                             f"the pool holds {cache.length(seq_id)} of its tokens")
+        rows.append(row)
+    return rows
 
 
 # ---------------------------------------------------------------------- continuous batching
@@ -987,13 +1077,16 @@ class ContinuousBatcher:
         num_kv_heads, head_dim, store_values = _cache_layout(model)
         parameter = next(model.parameters())
         self.cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim,
-                                  num_layers=len(model.blocks), dtype=parameter.dtype,
+                                  num_layers=len(_paged_layers(model)),
+                                  dtype=parameter.dtype,
                                   device=parameter.device, store_values=store_values)
         self.max_batch_size = max_batch_size
         self.history: list[StepRecord] = []
         self._requests: list[_Request] = []
         self._waiting: deque[int] = deque()
         self._running: list[int] = []  # in the order they were admitted
+        # a hybrid model's recurrent layers: each running request's states, beside the pool
+        self.states: dict[int, list] = {}
 
     @property
     def num_waiting(self) -> int:
@@ -1074,11 +1167,13 @@ class ContinuousBatcher:
     def _preempt(self, request_id: int, record: StepRecord) -> None:
         self._running.remove(request_id)
         self.cache.free(request_id)
+        self.states.pop(request_id, None)  # recomputed with the prompt when it is admitted again
         self._waiting.appendleft(request_id)
         record.preempted.append(request_id)
 
     def _retire(self, request_id: int, record: StepRecord) -> None:
         self.cache.free(request_id)
+        self.states.pop(request_id, None)
         record.finished.append(request_id)
 
     def _decode(self, record: StepRecord) -> None:
@@ -1089,7 +1184,8 @@ class ContinuousBatcher:
             return
         batch = list(self._running)
         last = torch.stack([self._requests[i].tokens()[-1:] for i in batch])  # (B, 1)
-        logits = paged_forward(self.model, self.cache, batch, last)  # (B, 1, vocab_size)
+        logits = paged_forward(self.model, self.cache, batch, last,
+                               states=self.states)  # (B, 1, vocab_size)
         next_tokens = logits[:, -1].argmax(dim=-1).tolist()  # B ints
         for request_id, token in zip(batch, next_tokens, strict=True):
             request = self._requests[request_id]
@@ -1115,7 +1211,9 @@ class ContinuousBatcher:
                 break
             self._waiting.popleft()
             self.cache.add_sequence(request_id)
-            logits = paged_forward(self.model, self.cache, [request_id], tokens[None])
+            self.states[request_id] = new_sequence_states(self.model)
+            logits = paged_forward(self.model, self.cache, [request_id], tokens[None],
+                                   states=self.states)
             request.generated.append(int(logits[0, -1].argmax()))
             record.admitted.append(request_id)
             if request.done:

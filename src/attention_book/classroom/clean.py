@@ -719,6 +719,7 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
     property test, a checker's test double) and lends it to the answer through its face
     (:mod:`.remote`); it may use the checkers, loaded before it enters the sandbox.
     """
+    sandbox.die_with_parent()  # the zygote's end (and so the grader's) ends it
     try:
         os.setsid()
     except OSError:
@@ -1283,6 +1284,7 @@ def _runner(argv: list[str]) -> int:
     required = sandbox.Layers(**json.loads(_option(argv, "--layers", "{}")))
     jobs = max(1, int(_option(argv, "--jobs", "1")))
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    sandbox.die_with_parent()  # a killed autograde leaves no grading behind
     try:  # nobody may read this process's memory (it will hold the hidden tests)
         import ctypes
 
@@ -1293,6 +1295,7 @@ def _runner(argv: list[str]) -> int:
     control, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the zygote
+        sandbox.die_with_parent()
         control.close()
         _zygote(zygote_end, limits, required)
     zygote_end.close()
@@ -1359,6 +1362,7 @@ def _run_graders(students: list[dict], control: socket.socket, limits: Limits,
                 read, write = os.pipe()
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - the grader
+                    sandbox.die_with_parent()
                     os.close(read)
                     _grader_process(student, control, limits, required, write)
                 os.close(write)

@@ -68,8 +68,8 @@ else:  # pragma: no cover - the kernel spec runs this file as a script, without 
     landlock, syscalls = _sibling("landlock"), _sibling("syscalls")
 
 __all__ = ["POLICIES", "Layers", "Policy", "SandboxError", "available_layers", "confine",
-           "enter_jail", "install_audit_hook", "jail_available", "limit_resources",
-           "neuter_native_file_access", "package_root", "policy_for", "python_roots",
+           "die_with_parent", "enter_jail", "install_audit_hook", "jail_available",
+           "limit_resources", "neuter_native_file_access", "package_root", "policy_for", "python_roots",
            "readable_tree"]
 
 _CLONE_NEWNS = 0x00020000
@@ -77,7 +77,7 @@ _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV = 1, 2, 4
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE = 38, 4
+_PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE, _PR_SET_PDEATHSIG = 38, 4, 1
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 #: The system's shared libraries and what the loader reads: no secrets, needed by NumPy/torch.
 SYSTEM_LIBRARIES = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/etc/ld.so.cache",
@@ -325,6 +325,19 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
 
 def _libc():
     return ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent() -> None:
+    """End this process (``SIGKILL``) when the process that started it ends.
+
+    A sandboxed kernel or answer process must not outlive the grader that started it (a
+    killed ``autograde`` would leave student code running). Call it first thing in the
+    child; if the parent is already gone, the child ends now.
+    """
+    parent = os.getppid()
+    _libc().prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # the parent ended before the signal was armed
+        os._exit(1)
 
 
 def _check(result: int, what: str) -> None:
@@ -771,6 +784,7 @@ def _kernel_main(argv: list[str]) -> int:
     # A module imported for the first time would have its bytecode cached beside it, which
     # the sandbox refuses (and reports, flagging an honest student): the kernel writes none.
     sys.dont_write_bytecode = True
+    die_with_parent()  # a feedback run's kernel ends with the nbgrader that started it
     cwd = os.getcwd()
     connection = None
     for index, arg in enumerate(argv):
