@@ -38,7 +38,7 @@ class RunningSum:
         self.total, self.count = total, self.count + num_new
 
     @staticmethod
-    def stack(states: list) -> "StackedSums":
+    def stack(states: list) -> StackedSums:
         return StackedSums(states)
 
 
