@@ -16,11 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "attention_book"
 # Known exceptions, each owned by a helper of the current session who removes it; the lead
 # deletes these lines when their branches land.
 KNOWN_CYCLES: set[frozenset[str]] = set()  # none left: classroom/course.py broke the last one
-KNOWN_PRIVATE_IMPORTS = {
-    # the grading helpers' classroom/ redesign
-    ("attention_book.classroom.leaks", "attention_book.classroom.format", "_marker_region"),
-    ("attention_book.classroom.leaks", "attention_book.classroom.format", "_nbgrader"),
-}
+KNOWN_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()  # none left
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

@@ -66,12 +66,29 @@ def chapter_number(path: str | os.PathLike) -> int:
     return int(name[:2])
 
 
-def _nbgrader(cell) -> dict | None:
+def nbgrader_metadata(cell) -> dict | None:
+    """A cell's nbgrader metadata, or None for a cell nbgrader does not know.
+
+    Args:
+        cell: a notebook cell (a dict or an ``nbformat`` node).
+
+    Returns:
+        The ``metadata.nbgrader`` dict, or None.
+    """
     return cell.get("metadata", {}).get("nbgrader")
 
 
-def _marker_region(source: str, begin: str, end: str) -> tuple[list[str], list[str]]:
-    """Split ``source`` into (lines inside begin/end regions, lines outside)."""
+def marker_region(source: str, begin: str, end: str) -> tuple[list[str], list[str]]:
+    """Split ``source`` into the lines inside ``begin``/``end`` regions and the lines outside.
+
+    Args:
+        source: a cell's source.
+        begin: the line marker that opens a region (e.g. ``### BEGIN SOLUTION``).
+        end: the line marker that closes it.
+
+    Returns:
+        ``(inside, outside)``, two lists of lines; the marker lines are in neither.
+    """
     inside, outside, within = [], [], False
     for line in source.splitlines():
         if begin in line:
@@ -153,7 +170,7 @@ def summarise_exercises(notebook, chapter: int) -> ExerciseSummary:
         prompt = prompt_match(cell)
         if prompt:
             summary.kinds[int(prompt["number"])] = cell.metadata.get("exercise", {}).get("kind")
-        meta = _nbgrader(cell)
+        meta = nbgrader_metadata(cell)
         if not meta or not meta.get("grade"):
             continue
         match = _GRADE_ID.match(str(meta.get("grade_id", "")))
@@ -392,7 +409,7 @@ def exercise_format_problems(notebook, chapter: int) -> list[str]:
         elif cell.cell_type == "markdown" and _LOOSE_PROMPT.search(source.split("\n")[0]):
             problems.append(f"{where}: an exercise prompt starts with the line "
                             "'> **Exercise N.K — Title (P points)**' (a blockquote)")
-        meta = _nbgrader(cell)
+        meta = nbgrader_metadata(cell)
         has_solution_marker = BEGIN_SOLUTION in source or END_SOLUTION in source
         has_hidden_marker = BEGIN_HIDDEN in source or END_HIDDEN in source
         if not meta:
@@ -448,7 +465,7 @@ def exercise_format_problems(notebook, chapter: int) -> list[str]:
                 problems.append(f"{where}: needs one hidden-test region (every graded check "
                                 "cell has hidden tests)")
                 continue
-            hidden, visible = _marker_region(source, BEGIN_HIDDEN, END_HIDDEN)
+            hidden, visible = marker_region(source, BEGIN_HIDDEN, END_HIDDEN)
             visible_problems, called, passed_names = _visible_check("\n".join(visible))
             problems += [f"{where}: {problem}" for problem in visible_problems]
             for name in called:

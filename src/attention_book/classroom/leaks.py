@@ -7,20 +7,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .format import BEGIN_HIDDEN, BEGIN_SOLUTION, END_HIDDEN, END_SOLUTION, STUBS, _marker_region, _nbgrader
+from .format import (
+    BEGIN_HIDDEN,
+    BEGIN_SOLUTION,
+    END_HIDDEN,
+    END_SOLUTION,
+    STUBS,
+    marker_region,
+    nbgrader_metadata,
+)
 
 
 def _secret_lines(instructor) -> set[str]:
     """Lines that only the instructor may see: solutions and hidden tests."""
     secret, public = set(), set()
     for cell in instructor.cells:
-        meta = _nbgrader(cell) or {}
+        meta = nbgrader_metadata(cell) or {}
         source = cell.source
         if meta.get("solution") and BEGIN_SOLUTION not in source:
             inside, outside = source.splitlines(), []  # the whole cell is the answer
         else:
-            inside, outside = _marker_region(source, BEGIN_SOLUTION, END_SOLUTION)
-        hidden, outside = _marker_region("\n".join(outside), BEGIN_HIDDEN, END_HIDDEN)
+            inside, outside = marker_region(source, BEGIN_SOLUTION, END_SOLUTION)
+        hidden, outside = marker_region("\n".join(outside), BEGIN_HIDDEN, END_HIDDEN)
         secret.update(line.strip() for line in inside + hidden)
         public.update(line.strip() for line in outside)
     return {line for line in secret - public - STUBS if line}
