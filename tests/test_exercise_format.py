@@ -14,6 +14,7 @@ import copy
 import importlib
 import inspect
 import pkgutil
+import re
 from pathlib import Path
 
 import nbformat
@@ -72,6 +73,41 @@ def test_chapter_has_graded_exercises(chapter):
     summary = summarise_exercises(nbformat.read(chapter, as_version=4), chapter_number(chapter))
     assert 3 <= len(summary.points) <= 6, summary
     assert summary.autograded, f"{chapter.name} has no autograded exercise"
+
+
+def _prediction_checkers(chapter: Path) -> list[tuple[str, str]]:
+    """(exercise title, checker name) for each exercise of kind "prediction" in ``chapter``."""
+    cells = nbformat.read(chapter, as_version=4).cells
+    found = []
+    for index, cell in enumerate(cells):
+        if cell.metadata.get("exercise", {}).get("kind") != "prediction":
+            continue
+        title = cell.source.splitlines()[0] if cell.cell_type == "markdown" else f"cell {index}"
+        names = [match.group(1) for later in cells[index + 1:] if later.cell_type == "code"
+                 for match in [re.search(r"from attention_book\.exercises import (check_\w+)",
+                                         later.source)] if match]
+        found.append((title, names[0] if names else ""))
+    return found
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
+def test_every_prediction_keeps_its_answer_back(chapter):
+    """A prediction ("work it out on paper") is checked by a ``@checker(reveal=False)``.
+
+    Otherwise its first wrong try prints the expected value, and the exercise is over before
+    the learner has reasoned (newcomer trial v2, L1).
+    """
+    predictions = _prediction_checkers(chapter)
+    for title, name in predictions:
+        assert name, f"{chapter.name}: no check cell after {title!r}"
+        assert getattr(exercises, name).reveal is False, (
+            f"{chapter.name}: {title!r} is a prediction, but {name} shows its expected value on "
+            "a wrong answer: decorate it with @checker(reveal=False)")
+
+
+def test_predictions_are_found():
+    counts = {chapter.stem: len(_prediction_checkers(chapter)) for chapter in CHAPTERS}
+    assert sum(counts.values()) >= 10 and counts["13_windows_and_sinks"] == 2, counts
 
 
 def _forgot_return(*args, **kwargs):

@@ -245,6 +245,14 @@ def _first_with_last(num_tokens, word_index):  # one far swap: the first and the
     return [(0, num_tokens - 1)]
 
 
+def _near(num_tokens, word_index):  # the recheck's N-f: neighbours and next-but-one words only
+    return [(i, j) for i in range(num_tokens) for j in range(i + 1, min(i + 3, num_tokens))]
+
+
+def _within_three(num_tokens, word_index):  # every pair at most three apart
+    return [(i, j) for i in range(num_tokens) for j in range(i + 1, min(i + 4, num_tokens))]
+
+
 def test_order_blind_accepts_a_right_test(capsys):
     _passes(check_is_order_blind, _order_test(), capsys)
 
@@ -262,6 +270,8 @@ def test_order_blind_accepts_a_tensor_verdict(capsys):
     (_order_test(pairs_from=_one_side), ["notices that order matters", "try every pair"]),
     (_order_test(pairs_from=_with_the_last), ["notices that order matters", "try every pair"]),
     (_order_test(pairs_from=_first_with_last), ["notices that order matters", "try every pair"]),
+    (_order_test(pairs_from=_near), ["notices that order matters", "far apart"]),
+    (_order_test(pairs_from=_within_three), ["notices that order matters", "far apart"]),
     (_order_test(by_class=True), ["notices that order matters"]),
     (_order_test(atol=1e-3), ["reads the last word only very faintly", "within 1e-6"]),
     (lambda m, t, w: "yes", ["returns True or False"]),
@@ -312,13 +322,33 @@ def test_the_new_models_hide_from_neighbour_swaps():
         assert any(changes.values()), name
 
 
+def test_the_first_word_model_shows_only_in_far_swaps_of_a_word_said_three_times():
+    """The checker's sentence for N-f: the first word's reader changes only 4 or more apart."""
+    from attention_book.exercises.ch09 import _models
+
+    model = dict(_models(12, 4))["a model that reads the first word"]
+    sentence, word_index = torch.tensor([8, 8, 8, 2, 5, 11, 7]), 3
+    lengths, where = torch.tensor([7]), torch.tensor([word_index])
+    reference = model(sentence[None], lengths, where)
+    changed = set()
+    for i in range(7):
+        for j in range(i + 1, 7):
+            if word_index not in (i, j):
+                swapped = sentence.clone()
+                swapped[[i, j]] = sentence[[j, i]]
+                if not torch.allclose(model(swapped[None], lengths, where), reference, atol=1e-6):
+                    changed.add((i, j))
+    assert changed == {(0, 4), (0, 5), (0, 6)}
+
+
 def test_the_hidden_tests_of_ex92_reject_every_weak_test():
     notebook, grade_id = "09_training_attention.ipynb", "ch09-ex2-check"
     assert passes_hidden_tests(notebook, grade_id, is_order_blind=_order_test())
     for weak in (_order_test(all_pairs=False), _order_test(move_word=True),
                  _order_test(pairs_from=_neighbours), _order_test(pairs_from=_one_side),
                  _order_test(pairs_from=_with_the_last), _order_test(by_class=True),
-                 _order_test(atol=1e-3), _order_test(pairs_from=_first_with_last)):
+                 _order_test(atol=1e-3), _order_test(pairs_from=_first_with_last),
+                 _order_test(pairs_from=_near), _order_test(pairs_from=_within_three)):
         assert not passes_hidden_tests(notebook, grade_id, is_order_blind=weak)
 
 

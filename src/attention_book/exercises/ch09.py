@@ -170,7 +170,8 @@ def check_is_order_blind(fn) -> None:
     otherwise. The checker runs it on order-blind models (the averaging baseline, the
     attention classifier without positions) and on order-sensitive ones whose sensitivity
     shows at different depths: only for swaps with one position (the first word, whose
-    neighbour is the same word), only for swaps across the ambiguous word (a bag of words on
+    neighbours are the same word, so that only a swap of words four apart shows it in one
+    sentence), only for swaps across the ambiguous word (a bag of words on
     each side, blind to every swap of neighbours), or only in the fourth decimal of the
     logits (a faint reading of the last word).
 
@@ -181,6 +182,9 @@ def check_is_order_blind(fn) -> None:
         (torch.tensor([3, 3, 5, 7, 2, 9, 4]), 3),
         (torch.tensor([6, 6, 8, 1, 10, 11]), 0),
         (torch.tensor([2, 2, 4, 9, 5, 7]), 5),
+        # a word three times over: reading the first word shows only in a swap of words at
+        # least four apart, which a test of near swaps alone never makes
+        (torch.tensor([8, 8, 8, 2, 5, 11, 7]), 3),
     )
     for name, model in _models(vocab_size, num_classes):
         for token_ids, word_index in sentences:
@@ -203,9 +207,9 @@ def check_is_order_blind(fn) -> None:
             if not blind and verdict:
                 hint = ("Some swaps change this model's logits, but your test did not try "
                         "them. A swap of two equal words changes nothing, and some models "
-                        "notice only particular positions or only swaps across the ambiguous "
-                        "word, which no swap of neighbours makes: try every pair of the other "
-                        "words (a sentence has only a few).")
+                        "notice only particular positions, only swaps across the ambiguous "
+                        "word (which no swap of neighbours makes) or only swaps of words far "
+                        "apart: try every pair of the other words (a sentence has only a few).")
                 if "faintly" in name:
                     hint = ("This model's logits move by about 1e-4 when the last word moves: "
                             "order matters to it, a little. Compare the logits themselves "

@@ -401,14 +401,15 @@ def _as_pair(value: object, name: str) -> torch.Tensor:
         pair = torch.as_tensor(value, dtype=torch.float64).flatten()
     except (TypeError, ValueError, RuntimeError):
         fail(f"{name} is a pair of numbers", expected="two numbers, e.g. (0.1, 0.2)",
-             actual=repr(value)[:80], hint="each output is a vector of the two value features")
+             actual=repr(value)[:80], hint="each output is a vector of the two value features",
+             reveal=True)
     expect_true(f"{name} is a pair of numbers", pair.numel() == 2, expected="two numbers",
                 actual=f"{pair.numel()} numbers", hint="each output has the two features of "
-                "the values: (first feature, second feature)")
+                "the values: (first feature, second feature)", reveal=True)
     return pair
 
 
-@checker
+@checker(reveal=False)  # a prediction: the expected values are kept back
 def check_streaming_prediction(fn) -> None:
     """Check ``fn()``: (full output, StreamingLLM's output, the smallest error a sink logit allows).
 
@@ -418,7 +419,7 @@ def check_streaming_prediction(fn) -> None:
     if not (isinstance(result, (tuple, list)) and len(result) == 3):
         fail("predicted_streaming returns three things",
              expected="(full_output, streaming_output, smallest_error)",
-             actual=repr(result)[:80], hint="two pairs of numbers and one number")
+             actual=repr(result)[:80], hint="two pairs of numbers and one number", reveal=True)
     full, streaming, smallest = _stream_answer()
     got_full = _as_pair(result[0], "full_output")
     got_streaming = _as_pair(result[1], "streaming_output")
@@ -426,7 +427,8 @@ def check_streaming_prediction(fn) -> None:
         got_smallest = float(result[2])
     except (TypeError, ValueError):
         fail("smallest_error is a number", expected="one number (a length)",
-             actual=repr(result[2])[:80], hint="the size of the error vector, a float")
+             actual=repr(result[2])[:80], hint="the size of the error vector, a float",
+             reveal=True)
     if not torch.allclose(got_full, full, atol=1e-3):
         hint = ("full attention's output is the weighted sum of every value: sum_j w_j v_j "
                 "over tokens 0 ... 9")

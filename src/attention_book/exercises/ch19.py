@@ -30,7 +30,7 @@ PREDICTION_SCORES = ((5.0, 9.0, 9.0, 9.0), (1.0, 1.0, 8.0, 0.0), (4.0, 7.0, 5.0,
 # --------------------------------------------------------------------------- 19.1 prediction
 
 
-@checker
+@checker(reveal=False)  # a prediction: the expected keys are kept back
 def check_predicted_choice(fn) -> None:
     """Check ``fn()`` lists the keys causal top-2 attention chooses for exercise 19.1's scores.
 
@@ -50,13 +50,15 @@ def check_predicted_choice(fn) -> None:
     if not isinstance(predicted, (list, tuple)) or len(predicted) != 4:
         fail("the prediction lists the chosen keys of the four queries",
              expected="a list of four pairs, such as [(0, -1), (0, 1), (0, 2), (1, 2)]",
-             actual=repr(predicted)[:80], hint="one pair per query, in the queries' order")
+             actual=repr(predicted)[:80], hint="one pair per query, in the queries' order",
+             reveal=True)
     for query, (pair, want) in enumerate(zip(predicted, expected, strict=True)):
         try:
             pair = tuple(int(position) for position in pair)
         except (TypeError, ValueError):
             fail(f"query {query}'s entry is a pair of positions", expected="two ints",
-                 actual=repr(pair)[:40], hint="write the pair as (first_key, second_key)")
+                 actual=repr(pair)[:40], hint="write the pair as (first_key, second_key)",
+                 reveal=True)
         if pair == want:
             continue
         hint = "a query sees only the keys at or before its position; break ties toward the " \

@@ -60,8 +60,8 @@ def checker(check: Callable | None = None, *, reveal: bool = True) -> Callable:
             :data:`KEPT_BACK` instead of the expected value (see :func:`fail`).
 
     Returns:
-        The wrapped checker, with the same name and docstring (or, called with ``reveal``
-        only, a decorator that makes one).
+        The wrapped checker, with the same name and docstring and a ``reveal`` attribute
+        equal to ``reveal`` (or, called with ``reveal`` only, a decorator that makes one).
     """
     if check is None:
         return functools.partial(checker, reveal=reveal)
@@ -84,6 +84,7 @@ def checker(check: Callable | None = None, *, reveal: bool = True) -> Callable:
             _REVEAL.reset(mode)
         return True
 
+    run.reveal = reveal  # read by the tests: every prediction's checker keeps its answer back
     return run
 
 
