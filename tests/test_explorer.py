@@ -423,3 +423,35 @@ def test_in_a_kernel_the_widget_is_live_and_answers_the_front_end(reference):
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_a_slow_picture_of_an_older_state_never_covers_a_newer_one(live_explorer):
+    """The kernel may handle two widget events at once: the last state must be what is shown.
+
+    JupyterLab showed the old heatmap under the "Type a sentence" message: the heatmap of a
+    head chosen just before was still being drawn when the empty sentence's message was shown,
+    and it was put in the picture afterwards.
+    """
+    import threading
+
+    draw, started, release = live_explorer._draw, threading.Event(), threading.Event()
+
+    def slow_draw():
+        picture = draw()  # drawn from the state of its own event, then slow to arrive
+        started.set()
+        assert release.wait(60)
+        return picture
+
+    live_explorer._draw = slow_draw
+    older = threading.Thread(target=live_explorer.select, kwargs={"head": 2})
+    older.start()
+    assert started.wait(60)
+    live_explorer._draw = draw
+    live_explorer.set_sentence("")  # the newer state: a message, no picture
+    release.set()
+    older.join(60)
+    assert not older.is_alive()
+    assert live_explorer.picture.outputs == () and live_explorer.drawn is None
+    assert "Type a sentence" in live_explorer.message_area.value
+    live_explorer.set_sentence("We waited a minute.")  # and the explorer works on
+    assert len(live_explorer.picture.outputs) == 1 and live_explorer.drawn is not None

@@ -25,6 +25,7 @@ import functools
 import html
 import io
 import sys
+import threading
 import warnings
 from collections import OrderedDict
 
@@ -170,6 +171,11 @@ class AttentionExplorer:
         self._cache: OrderedDict[str, tuple[list[str], torch.Tensor]] = OrderedDict()
         self._widget = None
         self._syncing = False
+        # Every change of the state gets a number; a picture drawn for an older state is not
+        # shown. The kernel may handle two widget events at once (a slow heatmap of the old
+        # sentence, the message of the new one), and the last state must win.
+        self._state_number = 0
+        self._showing = threading.Lock()
         self.set_sentence(sentence)
 
     # --- state ---------------------------------------------------------------------------
@@ -402,23 +408,23 @@ class AttentionExplorer:
                      f"the row of {tokens[self.token_index]!r} is outlined")
         return fig, shown
 
-    def _picture_output(self) -> dict:
-        """The picture of the current state as one notebook output (for the Output widget)."""
+    def _picture_output(self) -> tuple[dict, torch.Tensor | None]:
+        """The picture of the current state as one notebook output, and the weights drawn."""
         import base64
 
+        drawn = None
         if self.view == "head view":
-            self.drawn = None
             view = head_view([layer[None] for layer in self.attentions], self.tokens,
                              element_id=self.element_id, layer=self.layer,
                              heads=None if self.head == ALL_HEADS else [self.head])
             data = {"text/html": view.data,
                     "text/plain": f"bertviz head view of layer {self.layer}"}
         else:
-            png, self.drawn = self._draw()
+            png, drawn = self._draw()
             which = "all heads" if self.head == ALL_HEADS else f"head {self.head}"
             data = {"image/png": base64.b64encode(png).decode("ascii"),
                     "text/plain": f"Heatmap of layer {self.layer}, {which}"}
-        return {"output_type": "display_data", "data": data, "metadata": {}}
+        return {"output_type": "display_data", "data": data, "metadata": {}}, drawn
 
     def show_static(self) -> None:
         """Print the word pieces and the strongest link, and draw the heatmap: no widget.
@@ -514,17 +520,30 @@ class AttentionExplorer:
         """Redraw the lines and the picture from the state; the model does not run."""
         if self._widget is None:
             return
+        with self._showing:
+            self._state_number += 1
+            number = self._state_number
         if self.message:
-            self.message_area.value = f'<p role="alert"><b>{html.escape(self.message, quote=False)}</b></p>'
-            self.pieces_area.value = self.link_area.value = ""
-            self.picture.outputs = ()
-            self.drawn = None
-            return
-        self.message_area.value = ""
-        pieces = " ".join(f"<code>{html.escape(piece, quote=False)}</code>" for piece in self.tokens)
-        self.pieces_area.value = f"<p><b>Word pieces ({len(self.tokens)}):</b> {pieces}</p>"
-        self.link_area.value = f"<p>{html.escape(self.strongest_link(), quote=False)}</p>"
-        self.picture.outputs = (self._picture_output(),)
+            areas = (f'<p role="alert"><b>{html.escape(self.message, quote=False)}</b></p>', "", "")
+            outputs, drawn = (), None
+        else:
+            try:
+                pieces = " ".join(f"<code>{html.escape(piece, quote=False)}</code>"
+                                  for piece in self.tokens)
+                areas = ("", f"<p><b>Word pieces ({len(self.tokens)}):</b> {pieces}</p>",
+                         f"<p>{html.escape(self.strongest_link(), quote=False)}</p>")
+                output, drawn = self._picture_output()
+            except Exception:  # noqa: BLE001 - the state changed under the drawing?
+                if number != self._state_number:
+                    return  # yes: the newer state is shown by its own call
+                raise
+            outputs = (output,)
+        with self._showing:
+            if number != self._state_number:
+                return  # a newer state was shown meanwhile: this picture is out of date
+            self.message_area.value, self.pieces_area.value, self.link_area.value = areas
+            self.picture.outputs = outputs
+            self.drawn = drawn
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
