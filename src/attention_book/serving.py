@@ -953,22 +953,22 @@ def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashabl
         raise ValueError(f"a sequence holding {longest} tokens plus T_new={num_new} makes "
                          f"{longest + num_new}, which exceeds "
                          f"context_length={model.context_length}")
-    rows = _sequence_states(model, cache, seq_ids, states)
+    paged = set(_paged_layers(model))
+    rows = _sequence_states(len(model.blocks) - len(paged), cache, seq_ids, states)
     views = iter(cache.batch_views(seq_ids, num_new))  # reserves every layer's slots, or raises
     if batch_size == 0 or num_new == 0:
         return torch.zeros(batch_size, num_new, model.vocab_size, dtype=cache.dtype,
                            device=idx.device)
     stacked = iter(type(layer[0]).stack(layer) for layer in zip(*rows, strict=True))
-    paged = set(_paged_layers(model))
     caches = [next(views) if index in paged else next(stacked)
               for index in range(len(model.blocks))]
     return model(idx, kv_caches=caches)  # (B, T_new, vocab_size)
 
 
-def _sequence_states(model: TinyGPT, cache: PagedKVCache, seq_ids: list,
+def _sequence_states(needed: int, cache: PagedKVCache, seq_ids: list,
                      states: Mapping[Hashable, Sequence] | None) -> list[list]:
-    """Each sequence's states, checked against the model and the pool (before anything changes)."""
-    needed = len(model.blocks) - len(_paged_layers(model))
+    """Each sequence's ``needed`` states (one per recurrent layer), checked against the pool
+    before anything changes."""
     if needed == 0:
         return [[] for _ in seq_ids]
     if not isinstance(states, Mapping):

@@ -212,18 +212,24 @@ def _reportable(klass: type) -> bool:
     return all(k.__flags__ & _HEAPTYPE for k in klass.__mro__ if k is not object)
 
 
-def _resolve_class(path: str | None):
+def _lookup(path, *, builtins: bool = True):
+    """The object a ``"module:qualname"`` path names in a trusted module, or None."""
     if not isinstance(path, str) or ":" not in path:
         return None
     module, qualname = path.split(":", 1)
-    if not _is_trusted_module(module):
+    if not _is_trusted_module(module) or (module == "builtins" and not builtins):
         return None
     try:
         value = importlib.import_module(module)
         for part in qualname.split("."):
             value = getattr(value, part)
-    except Exception:  # noqa: BLE001 - an unknown class is just not reported
+    except Exception:  # noqa: BLE001 - an unknown name is just not used
         return None
+    return value
+
+
+def _resolve_class(path: str | None):
+    value = _lookup(path)
     return value if isinstance(value, type) and _reportable(value) else None
 
 
@@ -238,17 +244,7 @@ def _public_exception(error: BaseException) -> str | None:
 
 
 def _resolve_exception(path) -> type | None:
-    if not isinstance(path, str) or ":" not in path:
-        return None
-    module, qualname = path.split(":", 1)
-    if not _is_trusted_module(module) or module == "builtins":
-        return None
-    try:
-        value = importlib.import_module(module)
-        for part in qualname.split("."):
-            value = getattr(value, part)
-    except Exception:  # noqa: BLE001 - an unknown class is just not used
-        return None
+    value = _lookup(path, builtins=False)
     return value if isinstance(value, type) and issubclass(value, Exception) else None
 
 
