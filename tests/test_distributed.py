@@ -364,8 +364,10 @@ def test_a_result_that_cannot_be_pickled_becomes_an_error_outcome():
 
 
 def _record_pid(folder: str, rank: int) -> None:
-    with open(os.path.join(folder, f"rank{rank}.pid"), "w") as file:
+    path = os.path.join(folder, f"rank{rank}.pid")
+    with open(path + ".part", "w") as file:
         file.write(str(os.getpid()))
+    os.replace(path + ".part", path)  # whole or absent: another rank may be waiting for it
 
 
 def _fail_on_rank_one(rank: int, world_size: int, folder: str) -> int:
@@ -374,6 +376,12 @@ def _fail_on_rank_one(rank: int, world_size: int, folder: str) -> int:
 
     _record_pid(folder, rank)
     if rank == 1:
+        # Rank 0 must be inside the function (its pid recorded, on its way to the barrier)
+        # when rank 1 fails; on a busy machine it could still be joining the group.
+        other = os.path.join(folder, "rank0.pid")
+        deadline = time.monotonic() + 300
+        while not os.path.exists(other) and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise ValueError("boom from rank 1")
     dist.barrier()
     return rank
