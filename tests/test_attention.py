@@ -222,3 +222,16 @@ def test_bad_input_errors_name_the_sizes():
         ab.scaled_dot_product_attention(torch.randn(3, 5, 8), k, v)
     with pytest.raises(ValueError, match=r"at least 2 dims.*\(8,\)"):
         ab.scaled_dot_product_attention(torch.randn(8), k, v)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0, 1, 2, 3]), max_size=4), min_size=1, max_size=3))
+def test_broadcast_shape_follows_torchs_rule(shapes):
+    """The plain-Python check gives torch.broadcast_shapes' answer, or None where it raises."""
+    from attention_book.checks import broadcast_shape
+
+    try:
+        expected = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        expected = None
+    assert broadcast_shape(*shapes) == expected

@@ -276,7 +276,7 @@ def scenario(course):
     for number, assignment in CHAPTERS.items():
         everyone = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
         rerun = [s for s in everyone if s in FEEDBACK_RUN] if number == "02" else []
-        graded = autograde(course, number, rerun, limits=LIMITS, cell_timeout=30).students \
+        graded = autograde(course, number, rerun, limits=LIMITS, cell_timeout=12).students \
             if rerun else []
         rest = [s for s in everyone if s not in rerun]
         report = autograde(course, number, rest, feedback_run=False, limits=LIMITS)
@@ -433,14 +433,17 @@ def test_a_manual_score_written_while_grading_is_put_back_and_flagged(course, mo
                for f in read_flags(course))
 
 
-def _graded_without_user_namespaces(course: Path, *args: str) -> subprocess.CompletedProcess:
-    """The command line, in a process whose seccomp filter refuses user namespaces (Docker)."""
+def _graded_without_user_namespaces(course: Path, temporary: Path,
+                                    *args: str) -> subprocess.CompletedProcess:
+    """The command line, in a process whose seccomp filter refuses user namespaces (Docker),
+    with ``temporary`` as its temporary folder."""
     code = ("import sys\nfrom attention_book.classroom.syscalls import refuse_user_namespaces\n"
             "refuse_user_namespaces()\nfrom attention_book.classroom.cli import main\n"
             "sys.exit(main(sys.argv[1:]))")
     return subprocess.run([sys.executable, "-c", code, *args, "--course-dir", str(course)],
                           capture_output=True, text=True, timeout=900, check=False,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
+                               "TMPDIR": str(temporary)})
 
 
 def test_without_user_namespaces_every_class_earns_zero_and_harms_nobody(tmp_path, monkeypatch):
@@ -469,8 +472,12 @@ def test_without_user_namespaces_every_class_earns_zero_and_harms_nobody(tmp_pat
         (folder / f"{assignment}.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
     fingerprint, source = integrity.fingerprint(), source_path.read_bytes()
 
-    run = _graded_without_user_namespaces(course, "autograde", "02", "--jobs", "2")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    run = _graded_without_user_namespaces(course, temporary, "autograde", "02", "--jobs", "2")
     assert run.returncode == 0, run.stdout + run.stderr
+    # every kernel's and answer's private folder went with the run
+    assert not list(temporary.glob("abk-*")), sorted(p.name for p in temporary.iterdir())
     isolation = next(line for line in run.stdout.splitlines() if "isolation of this run" in line)
     assert "Landlock ABI" in isolation and "seccomp" in isolation, isolation
     assert "private file view" not in isolation and "UNPROTECTED" not in run.stdout

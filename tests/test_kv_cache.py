@@ -232,6 +232,28 @@ def test_kv_cache_follows_the_protocol_and_its_positions_continue():
         cache.positions(-1, "cpu")
 
 
+def test_the_fast_protocol_check_agrees_with_isinstance():
+    from types import SimpleNamespace
+
+    from attention_book.kv_cache import follows_protocol
+    from attention_book.linear_attention import RecurrentState
+
+    class OnlyPositions:
+        def positions(self, num_new, device):
+            return torch.arange(num_new)
+
+    candidates = [KVCache(4), RecurrentState(), {}, [], OnlyPositions(), None, 3,
+                  SimpleNamespace(positions=len, update=len, key_positions=len),
+                  SimpleNamespace(__len__=len, positions=len, update=len, key_positions=len)]
+    for protocol in (LayerCache, AttentionCache):
+        for candidate in candidates:
+            assert follows_protocol(candidate, protocol) == isinstance(candidate, protocol), (
+                protocol.__name__, candidate)
+    assert follows_protocol(KVCache(4), AttentionCache)
+    assert not follows_protocol(RecurrentState(), AttentionCache)
+    assert follows_protocol(RecurrentState(), LayerCache)
+
+
 def test_position_mask_is_the_bottom_right_causal_mask_and_hides_empty_slots():
     # A contiguous cache: 3 new queries at positions 5, 6, 7 against keys 0 ... 7.
     mask = position_mask(torch.arange(5, 8), torch.arange(8))  # (T_new, T_k)

@@ -50,11 +50,11 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     require_float("x", x)
     row_max = x.amax(dim=dim, keepdim=True)
     # A slice of all -inf has max -inf; -inf - (-inf) is NaN, so shift by 0 there.
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
     exp = torch.exp(x - row_max)
     total = exp.sum(dim=dim, keepdim=True)
     # Where every entry was -inf the total is 0: return zero weights, not 0/0.
-    safe_total = torch.where(total > 0, total, torch.ones_like(total))
+    safe_total = torch.where(total > 0, total, 1.0)
     return exp / safe_total
 
 

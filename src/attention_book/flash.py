@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from .checks import check_positive_int, check_qkv, require_float
+from .checks import broadcast_shape, check_positive_int, check_qkv, require_float
 
 __all__ = [
     "SKIPPED",
@@ -435,10 +435,7 @@ def sink_column(sink_logit: float | torch.Tensor, rows: torch.Tensor) -> torch.T
     if sink.dim() == 0:
         return sink.reshape(*([1] * rows.dim()))  # (1, ..., 1)
     leading = rows.shape[:-2]
-    try:
-        fits = rows.dim() >= sink.dim() + 2 and torch.broadcast_shapes(sink.shape, leading) == leading
-    except RuntimeError:
-        fits = False
+    fits = rows.dim() >= sink.dim() + 2 and broadcast_shape(sink.shape, leading) == leading
     if not fits:
         raise ValueError(
             f"sink_logit of shape {tuple(sink.shape)} must broadcast to the dims before the "

@@ -128,6 +128,34 @@ class AttentionCache(LayerCache, Protocol):
     def key_positions(self, device: torch.device | str | None) -> torch.Tensor: ...
 
 
+# The methods a class must define to follow each protocol.
+_MEMBERS = {LayerCache: ("__len__", "positions"),
+            AttentionCache: ("__len__", "positions", "update", "key_positions")}
+
+
+def follows_protocol(obj: object, protocol: type) -> bool:
+    """``isinstance(obj, protocol)`` for :class:`LayerCache` and :class:`AttentionCache`, fast.
+
+    A class that defines every method of the protocol answers at once; anything else gets
+    ``isinstance``, which on Python 3.11 collects the protocol's members again on every call
+    (some 20 microseconds: a layer asks on every decoding step).
+
+    Args:
+        obj: the object to check.
+        protocol: :class:`LayerCache` or :class:`AttentionCache`.
+
+    Shapes:
+        (no tensors)
+
+    Returns:
+        Whether ``obj`` has every method of ``protocol``.
+    """
+    cls = type(obj)
+    if all(callable(getattr(cls, name, None)) for name in _MEMBERS[protocol]):
+        return True
+    return isinstance(obj, protocol)
+
+
 def position_mask(
     query_positions: torch.Tensor, key_positions: torch.Tensor, *, causal: bool = True
 ) -> torch.Tensor:
@@ -183,7 +211,7 @@ def check_cache(kv_cache: object, num_tokens: int, context_length: int | None) -
 
     Taught in chapter 10.
     """
-    if not isinstance(kv_cache, (KVCache, AttentionCache)):
+    if not follows_protocol(kv_cache, AttentionCache):
         raise TypeError(
             "kv_cache must follow the attention cache protocol (positions, update, "
             f"key_positions and len), such as a KVCache; got {type(kv_cache).__name__}"

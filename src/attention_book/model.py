@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .checks import check_dropout, check_positive_int
-from .kv_cache import KVCache, LayerCache
+from .kv_cache import KVCache, LayerCache, follows_protocol
 from .modules import MultiHeadAttention
 
 __all__ = ["TokenMixer", "TransformerBlock", "TinyGPT", "gpt_parameter_count"]
@@ -321,7 +321,7 @@ class TinyGPT(nn.Module):
             if len(kv_caches) != len(self.blocks):
                 raise ValueError(f"kv_caches holds {len(kv_caches)} caches for "
                                  f"{len(self.blocks)} layers: give one per layer")
-            if not isinstance(kv_caches[0], LayerCache):
+            if not follows_protocol(kv_caches[0], LayerCache):
                 raise TypeError(f"kv_caches[0] must be a cache (len and positions), got "
                                 f"{type(kv_caches[0]).__name__}")
             # The first layer's cache says where the new tokens go: (T,), or (B, T) when

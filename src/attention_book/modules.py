@@ -22,6 +22,7 @@ from .attention import (
     scaled_dot_product_attention,
 )
 from .checks import (
+    broadcast_shape,
     check_base,
     check_dropout,
     check_layer_input,
@@ -335,11 +336,7 @@ class _HeadedAttention(nn.Module):
                 f"{tuple(context.shape)}"
             )
         lead = x.shape[:-2]
-        try:
-            fits = torch.broadcast_shapes(lead, context.shape[:-2]) == lead
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if broadcast_shape(lead, context.shape[:-2]) != lead:
             raise ValueError(
                 f"the leading (batch) dims of context {tuple(context.shape)} do not broadcast "
                 f"to those of x {tuple(x.shape)}"

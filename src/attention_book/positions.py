@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .checks import check_base, check_positive_int, require_float
+from .checks import broadcast_shape, check_base, check_positive_int, require_float
 
 __all__ = ["rotary_embedding", "alibi_bias", "alibi_slopes"]
 
@@ -88,11 +88,7 @@ def rotary_embedding(
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise TypeError(f"positions must hold integers, got dtype {positions.dtype}")
     token_shape = x.shape[:-1]  # (..., T)
-    try:
-        fits = torch.broadcast_shapes(positions.shape, token_shape) == token_shape
-    except RuntimeError:
-        fits = False
-    if not fits:
+    if broadcast_shape(positions.shape, token_shape) != token_shape:
         raise ValueError(
             f"positions of shape {tuple(positions.shape)} do not broadcast to (..., T) = "
             f"{tuple(token_shape)}, the tokens of x of shape {tuple(x.shape)}"

@@ -259,6 +259,8 @@ def _kernel_spec(run: Path, assignment: str, layers: sandbox.Layers) -> Path:
     folder = run / "jupyter"
     spec = folder / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
+    temporary = run / "kernel-tmp"
+    temporary.mkdir(mode=0o700, exist_ok=True)
     try:
         chapter = chapter_number(f"{assignment}.ipynb")
     except (ValueError, TypeError):
@@ -269,7 +271,10 @@ def _kernel_spec(run: Path, assignment: str, layers: sandbox.Layers) -> Path:
            "BOOK_SANDBOX_POLICY": json.dumps({"processes": policy.processes,
                                               "loopback_tcp": policy.loopback_tcp}),
            "BOOK_SANDBOX_REQUIRE": layers.to_json(),
-           "BOOK_SANDBOX_JAIL": "1" if layers.namespaces else "0"}
+           "BOOK_SANDBOX_JAIL": "1" if layers.namespaces else "0",
+           # The kernel's private folders (its jail's root, or its scratch without the jail)
+           # go inside this run, which autograde removes: none is left behind in /tmp.
+           "TMPDIR": str(temporary)}
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
                  sandbox.__file__, "kernel", "-f", "{connection_file}"],
