@@ -44,11 +44,12 @@ book: $(BOOK_STAMP) $(NODE_STAMP)
 	@echo "Or serve it, for the search's snippets too: $(BIN)/python -m http.server -d _build/html 8000, then open http://127.0.0.1:8000"
 
 ## test: every test: package, notebooks (strict nbval), hygiene, ruff, the book build, on both
-## cores (pytest-xdist; conftest.py decides which tests run together on one worker)
+## cores (pytest-xdist; conftest.py decides which tests run together on one worker); the 25
+## slowest steps are listed at the end, to keep the 15-minute budget in view
 test: $(STAMP) $(NODE_STAMP)
 	tools/ensure_chromium.sh
 	tools/ensure_seccomp.sh $(BIN)/python
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --durations=25
 
 ## lab: what a learner needs (requirements-lab.txt: torch, JupyterLab, the book's package; not
 ## the test and classroom tools), the practice notebooks copied into my-work/ (a folder git
