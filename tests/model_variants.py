@@ -102,6 +102,9 @@ def variant(name: str) -> TinyGPT:
         "hybrid": [CausalMean(16), None],
         "gated deltanet hybrid": [ab.GatedDeltaNet(16, 4, chunk_size=4, dtype=torch.float64), None],
         "linear attention hybrid": [None, ab.LinearAttentionLayer(16, 2, dtype=torch.float64)],
+        # PyTorch's fused kernel, as a server runs it: no weights to return
+        "fused": [ab.GroupedQueryAttention(16, 16, 4, 2, backend="sdpa", **f64)
+                  for _ in range(2)],
     }[name]
     model = TinyGPT(**sizes, rope=name in ("rope", "gqa"), mixers=mixers, dtype=torch.float64)
     if name == "sink":
@@ -112,4 +115,4 @@ def variant(name: str) -> TinyGPT:
 
 
 VARIANTS = ["learned positions", "rope", "gqa", "latent", "sink", "hybrid", "gated deltanet hybrid",
-            "linear attention hybrid"]
+            "linear attention hybrid", "fused"]

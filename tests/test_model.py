@@ -271,6 +271,21 @@ def test_every_variant_decodes_with_its_caches_like_the_full_forward(name):
     assert torch.equal(model.generate(prompt, 7), model.generate(prompt, 7, use_cache=False))
 
 
+def test_a_model_of_fused_attention_layers_runs_and_asks_no_weights_it_cannot_have():
+    """The model asks its layers for weights only when its caller does: sdpa layers run."""
+    fused = variant("fused")
+    naive = variant("fused")
+    for block in naive.blocks:
+        block.attention.backend = "naive"  # the same weights, the book's own attention
+    tokens = _tokens(2, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(tokens), naive(tokens))
+        logits, weights = naive(tokens, return_weights=True)
+        assert len(weights) == 2 and weights[0].shape == (2, 4, 7, 7)
+        with pytest.raises(ValueError, match="backend='sdpa' does not return attention weights"):
+            fused(tokens, return_weights=True)
+
+
 def test_a_block_holds_any_mixer_under_the_chapters_names():
     torch.manual_seed(0)
     mixer = CausalMean(16)

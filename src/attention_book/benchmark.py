@@ -23,7 +23,9 @@ warm-up run, with ratios between rows taken in the same run:
    KV memory of a cache preallocated per request (``KVCache(context_length)`` per layer, as
    ``TinyGPT.generate`` keeps) against the peak of a :class:`~attention_book.serving.PagedKVCache`,
    and tokens per second of continuous batching (:func:`~attention_book.serving.generate_batch`)
-   against generating one request at a time.
+   against generating one request at a time, both with the book's attention and both with
+   PyTorch's fused kernel (``backend="sdpa"``, as a server runs it): each ratio compares the
+   two ways with one attention kernel, so it measures the batching alone.
 6. Only with ``--only linear`` (chapter 18): the gated delta rule at T=2048 (B=1, 8 heads,
    d_k = d_v = 64) as the token loop, in chunkwise form
    (:func:`~attention_book.linear_attention.delta_rule` with ``chunk_size=64``) and as Hugging
@@ -614,8 +616,8 @@ def bench_serving(repeats: int, device: _Device = CPU) -> str:
 
     pool: dict[str, int] = {}
 
-    def continuous() -> list[torch.Tensor]:
-        batcher = ContinuousBatcher(model, block_size=block_size, num_blocks=num_blocks)
+    def continuous(chosen: TinyGPT = model) -> list[torch.Tensor]:
+        batcher = ContinuousBatcher(chosen, block_size=block_size, num_blocks=num_blocks)
         ids = [batcher.submit(p, n) for p, n in zip(prompts, new_tokens, strict=True)]
         batcher.run()
         return [batcher.output(i) for i in ids]
@@ -636,11 +638,22 @@ def bench_serving(repeats: int, device: _Device = CPU) -> str:
             pool["peak_alive"] = max(pool["peak_alive"], len(cache.seq_ids))
         pool["block_nbytes"] = batcher.cache.block_nbytes
 
-    def one_at_a_time() -> list[torch.Tensor]:
-        return [model.generate(p[None], n)[0] for p, n in zip(prompts, new_tokens, strict=True)]
+    def one_at_a_time(chosen: TinyGPT = model) -> list[torch.Tensor]:
+        return [chosen.generate(p[None], n)[0] for p, n in zip(prompts, new_tokens, strict=True)]
+
+    # The same weights with PyTorch's fused attention in every layer, as a server runs it (no
+    # weights to return): both ways then use one kernel, as both use the book's attention above.
+    fused = TinyGPT(**sizes, mixers=[
+        MultiHeadAttention(sizes["d_model"], sizes["d_model"], sizes["num_heads"],
+                           context_length=sizes["context_length"], backend="sdpa")
+        for _ in range(sizes["num_layers"])])
+    fused.load_state_dict(model.state_dict())
+    fused = device.module(fused).eval()
 
     with torch.no_grad():
         same = sum(torch.equal(a, b) for a, b in zip(continuous(), one_at_a_time(), strict=True))
+        same_fused = sum(torch.equal(a, b) for a, b in zip(
+            continuous(fused), one_at_a_time(fused), strict=True))
         memory_per_step()
         # What TinyGPT.generate holds for one request: a KVCache(context_length) per layer.
         attention = model.blocks[0].attention
@@ -653,7 +666,9 @@ def bench_serving(repeats: int, device: _Device = CPU) -> str:
             per_request += cache.nbytes
         # The equality check above ran both ways once: it is the warm-up.
         seconds = time_interleaved({"one request at a time": one_at_a_time,
-                                    "continuous batching": continuous}, repeats,
+                                    "continuous batching": continuous,
+                                    "one at a time, fused": lambda: one_at_a_time(fused),
+                                    "batching, fused": lambda: continuous(fused)}, repeats,
                                    warmup=False, sync=device.sync)
     token_nbytes = pool["block_nbytes"] // block_size
     assert per_request == model.context_length * token_nbytes
@@ -666,6 +681,7 @@ def bench_serving(repeats: int, device: _Device = CPU) -> str:
     rates = {name: f"{total_tokens / statistics.median(times):9.0f} tokens/s"
              for name, times in seconds.items()}
     speedup = _ratio(seconds, "one request at a time", "continuous batching")
+    fused_speedup = _ratio(seconds, "one at a time, fused", "batching, fused")
     shape = ", ".join(f"{key}={value}" for key, value in SERVING_SHAPE.items())
     return "\n".join([
         format_table(f"5. serving {len(prompts)} requests, prompts 8-128 and 8-96 new tokens "
@@ -676,7 +692,10 @@ def bench_serving(repeats: int, device: _Device = CPU) -> str:
         f"paged cache {paged_peak / 2**20:.2f} MiB ({paged_peak / preallocated_peak:.1%})",
         f"  KV memory holding no token, over all steps: preallocated {waste_preallocated:.1%}, "
         f"paged {waste_paged:.1%}",
-        f"  outputs: {same} of {len(prompts)} requests generate the same tokens both ways",
+        f"  outputs: {same} of {len(prompts)} requests generate the same tokens both ways "
+        f"({same_fused} of {len(prompts)} with the fused kernel)",
+        f"  with PyTorch's fused attention (backend='sdpa') both ways: continuous batching "
+        f"{fused_speedup:.1f}x faster than one at a time",
         f"  target: continuous batching faster than one at a time: {speedup:.1f}x -> "
         f"{_verdict(speedup > 1.0)}; paged peak below preallocated: "
         f"{_verdict(paged_peak < preallocated_peak)}",

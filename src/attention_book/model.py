@@ -184,9 +184,12 @@ class TransformerBlock(nn.Module):
         *,
         kv_cache: LayerCache | None = None,
     ):
-        attn_out, attn_weights = self.attention(
-            self.attention_norm(x), mask, return_weights=True, kv_cache=kv_cache
-        )  # (B, T, d_model), (B, num_heads, T, T_k) or None
+        if return_weights:
+            attn_out, attn_weights = self.attention(
+                self.attention_norm(x), mask, return_weights=True, kv_cache=kv_cache
+            )  # (B, T, d_model), (B, num_heads, T, T_k) or None
+        else:  # a mixer without weights to give (a fused kernel) runs too
+            attn_out = self.attention(self.attention_norm(x), mask, kv_cache=kv_cache)
         x = x + self.attention_dropout(attn_out)  # (B, T, d_model)
         if not self.attention_only:
             x = x + self.mlp(self.mlp_norm(x))  # (B, T, d_model)
@@ -310,8 +313,10 @@ class TinyGPT(nn.Module):
                 f"{int(idx.min())} to {int(idx.max())}"
             )
 
-    def _forward(self, idx: torch.Tensor, kv_caches: Sequence[LayerCache] | None = None):
-        """Logits and weights of ``idx``; with caches, ``idx`` holds only the new tokens."""
+    def _forward(self, idx: torch.Tensor, kv_caches: Sequence[LayerCache] | None = None,
+                 return_weights: bool = False):
+        """Logits and weights of ``idx`` (weights None unless ``return_weights``); with
+        caches, ``idx`` holds only the new tokens."""
         if kv_caches is None:
             start, positions = 0, torch.arange(idx.size(-1), device=idx.device)  # (T,)
         else:
@@ -336,15 +341,18 @@ class TinyGPT(nn.Module):
         all_weights = []
         for layer, block in enumerate(self.blocks):
             cache = None if kv_caches is None else kv_caches[layer]
-            x, attn_weights = block(x, return_weights=True, kv_cache=cache)
-            # x (B, T, d_model), attn_weights (B, num_heads, T, T_k) or None
-            all_weights.append(attn_weights)
+            if return_weights:
+                x, attn_weights = block(x, return_weights=True, kv_cache=cache)
+                # x (B, T, d_model), attn_weights (B, num_heads, T, T_k) or None
+                all_weights.append(attn_weights)
+            else:
+                x = block(x, kv_cache=cache)  # (B, T, d_model)
         logits = self.output(self.final_norm(x))  # (B, T, vocab_size)
         return logits, all_weights
 
     def forward(self, idx: torch.Tensor, return_weights: bool = False, *,
                 kv_caches: Sequence[LayerCache] | None = None):
-        logits, all_weights = self._forward(idx, kv_caches)
+        logits, all_weights = self._forward(idx, kv_caches, return_weights)
         return (logits, all_weights) if return_weights else logits
 
     def new_caches(self, max_length: int | None = None) -> list[LayerCache]:
