@@ -315,8 +315,8 @@ class TinyGPT(nn.Module):
 
     def _forward(self, idx: torch.Tensor, kv_caches: Sequence[LayerCache] | None = None,
                  return_weights: bool = False):
-        """Logits and weights of ``idx`` (weights None unless ``return_weights``); with
-        caches, ``idx`` holds only the new tokens."""
+        """Logits and each layer's weights of ``idx`` (no weights, an empty list, unless
+        ``return_weights``); with caches, ``idx`` holds only the new tokens."""
         if kv_caches is None:
             start, positions = 0, torch.arange(idx.size(-1), device=idx.device)  # (T,)
         else:
