@@ -78,7 +78,12 @@ from attention_book.classroom import (
 )
 from attention_book.classroom.clean import Limits, read_exercises
 from attention_book.classroom.grading import autograde_summary
-from attention_book.classroom.simulate import blank_answers, code_exercises, written_answers
+from attention_book.classroom.simulate import (
+    blank_answers,
+    code_exercises,
+    hand_in,
+    written_answers,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(sysconfig.get_paths()["purelib"]).resolve()
@@ -169,10 +174,7 @@ def _grade_id(cell) -> str:
 
 def _notebook(release, answers=None, append=(), prepend=()):
     """The student version with answers written in and scratch cells added."""
-    notebook = json.loads(json.dumps(release))
-    for cell in notebook["cells"]:
-        if _grade_id(cell) in (answers or {}):
-            cell["source"] = answers[_grade_id(cell)]
+    notebook = hand_in(release, answers or {})
     new = [{"cell_type": "code", "metadata": {}, "source": code, "outputs": [],
             "execution_count": None} for code in prepend]
     first_exercise = next(i for i, cell in enumerate(notebook["cells"]) if _grade_id(cell))

@@ -33,21 +33,9 @@ from pathlib import Path
 import nbformat
 
 from attention_book.classroom import build_assignments, exercise_scores
-from attention_book.classroom.simulate import blank_answers, code_exercises
+from attention_book.classroom.simulate import blank_answers, code_exercises, hand_in
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _grade_id(cell: dict) -> str:
-    return (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id", "")
-
-
-def _hand_in(release: dict, answers: dict[str, str]) -> dict:
-    notebook = json.loads(json.dumps(release))
-    for cell in notebook["cells"]:
-        if _grade_id(cell) in answers:
-            cell["source"] = answers[_grade_id(cell)]
-    return notebook
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             student = f"s{index:03d}_{kind}"
             folder = course / "submitted" / student / chapter
             folder.mkdir(parents=True)
-            (folder / f"{chapter}.ipynb").write_text(json.dumps(_hand_in(release, answers)),
+            (folder / f"{chapter}.ipynb").write_text(json.dumps(hand_in(release, answers)),
                                                      encoding="utf-8")
             deserved[student] = points
         command = [sys.executable, "-m", "attention_book.classroom", "autograde",

@@ -816,16 +816,27 @@ def _paged_layers(model: TinyGPT) -> list[int]:
     return paged
 
 
-def _cache_layout(model: TinyGPT) -> tuple[int, int, bool]:
-    """What a paged cache needs for ``model``: ``(num_kv_heads, head_dim, store_values)``.
+@dataclass(frozen=True)
+class _Layout:
+    """What a paged cache needs for a model: which blocks it pages, and the shape of a token."""
+
+    paged: tuple[int, ...]  # the blocks whose keys and values go into the pool
+    num_kv_heads: int
+    head_dim: int
+    store_values: bool
+
+
+def _cache_layout(model: TinyGPT) -> _Layout:
+    """What a paged cache needs for ``model``.
 
     Multi-head and grouped-query attention store keys and values of their key/value heads;
     multi-head latent attention stores one latent per token, as a key of one head and no
     value. Every attention layer must need the same: one pool holds one layout. (A recurrent
     layer's state is not paged; see :func:`_paged_layers`.)
     """
+    paged = _paged_layers(model)
     layouts = set()
-    for index in _paged_layers(model):
+    for index in paged:
         attention = model.blocks[index].attention
         if isinstance(attention, MultiHeadLatentAttention):
             layouts.add((1, attention.latent_dim, False))
@@ -837,7 +848,7 @@ def _cache_layout(model: TinyGPT) -> tuple[int, int, bool]:
     if len(layouts) != 1:
         raise ValueError(f"the layers need different cache layouts (num_kv_heads, head_dim, "
                          f"store_values) {sorted(layouts)}; one PagedKVCache holds one layout")
-    return layouts.pop()
+    return _Layout(tuple(paged), *layouts.pop())
 
 
 def new_sequence_states(model: TinyGPT) -> list:
@@ -859,12 +870,14 @@ def new_sequence_states(model: TinyGPT) -> list:
 
     Taught in chapter 16 (the hybrid models in chapter 18).
     """
-    paged = set(_paged_layers(_check_model(model)))
+    paged = _check_model(model).paged
     return [block.new_cache(model.context_length)
             for index, block in enumerate(model.blocks) if index not in paged]
 
 
-def _check_model(model: object) -> TinyGPT:
+def _check_model(model: object) -> _Layout:
+    """Check that ``model`` is a TinyGPT in eval mode that a paged cache can serve; return its
+    layout."""
     if not isinstance(model, TinyGPT):
         raise TypeError(f"model must be a TinyGPT, got {type(model).__name__}")
     if model.training:
@@ -872,8 +885,7 @@ def _check_model(model: object) -> TinyGPT:
             "the model is in training mode: its dropout would make every run different and "
             "the tokens would not match model.generate; call model.eval() first"
         )
-    _cache_layout(model)
-    return model
+    return _cache_layout(model)
 
 
 def _check_tokens(model: TinyGPT, idx: object, name: str = "idx") -> None:
@@ -886,10 +898,10 @@ def _check_tokens(model: TinyGPT, idx: object, name: str = "idx") -> None:
                          f"got ids from {int(idx.min())} to {int(idx.max())}")
 
 
-def _check_cache_fits(model: TinyGPT, cache: PagedKVCache) -> None:
+def _check_cache_fits(model: TinyGPT, layout: _Layout, cache: PagedKVCache) -> None:
     dtype = next(model.parameters()).dtype
-    num_kv_heads, head_dim, store_values = _cache_layout(model)
-    expected = (len(_paged_layers(model)), num_kv_heads, head_dim, dtype)
+    store_values = layout.store_values
+    expected = (len(layout.paged), layout.num_kv_heads, layout.head_dim, dtype)
     actual = (cache.num_layers, cache.num_kv_heads, cache.head_dim, cache.dtype)
     if expected != actual:
         raise ValueError(
@@ -938,10 +950,10 @@ def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashabl
 
     Taught in chapter 16 (the hybrid models in chapter 18).
     """
-    model = _check_model(model)
+    layout = _check_model(model)
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
-    _check_cache_fits(model, cache)
+    _check_cache_fits(model, layout, cache)
     seq_ids = _check_seq_ids(seq_ids)
     _check_tokens(model, idx)
     if idx.dim() != 2 or idx.size(0) != len(seq_ids):
@@ -953,7 +965,7 @@ def paged_forward(model: TinyGPT, cache: PagedKVCache, seq_ids: Sequence[Hashabl
         raise ValueError(f"a sequence holding {longest} tokens plus T_new={num_new} makes "
                          f"{longest + num_new}, which exceeds "
                          f"context_length={model.context_length}")
-    paged = set(_paged_layers(model))
+    paged = layout.paged
     rows = _sequence_states(len(model.blocks) - len(paged), cache, seq_ids, states)
     views = iter(cache.batch_views(seq_ids, num_new))  # reserves every layer's slots, or raises
     if batch_size == 0 or num_new == 0:
@@ -1069,17 +1081,16 @@ class ContinuousBatcher:
 
     def __init__(self, model: TinyGPT, *, block_size: int = 16, num_blocks: int,
                  max_batch_size: int | None = None):
-        self.model = _check_model(model)
+        layout = _check_model(model)
+        self.model = model
         check_positive_int("block_size", block_size)
         check_positive_int("num_blocks", num_blocks)
         if max_batch_size is not None:
             check_positive_int("max_batch_size", max_batch_size)
-        num_kv_heads, head_dim, store_values = _cache_layout(model)
         parameter = next(model.parameters())
-        self.cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim,
-                                  num_layers=len(_paged_layers(model)),
-                                  dtype=parameter.dtype,
-                                  device=parameter.device, store_values=store_values)
+        self.cache = PagedKVCache(num_blocks, block_size, layout.num_kv_heads, layout.head_dim,
+                                  num_layers=len(layout.paged), dtype=parameter.dtype,
+                                  device=parameter.device, store_values=layout.store_values)
         self.max_batch_size = max_batch_size
         self.history: list[StepRecord] = []
         self._requests: list[_Request] = []
@@ -1285,7 +1296,7 @@ def generate_batch(model: TinyGPT, prompts: Sequence[torch.Tensor],
 
     Taught in chapter 16.
     """
-    model = _check_model(model)
+    _check_model(model)
     if isinstance(prompts, torch.Tensor) and prompts.dim() == 2:
         prompts = list(prompts)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):

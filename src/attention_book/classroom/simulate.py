@@ -12,6 +12,7 @@ Not taught in a chapter: the instructor guide (``instructor_guide.md``) mentions
 from __future__ import annotations
 
 import ast
+import json
 import re
 from dataclasses import dataclass
 
@@ -97,6 +98,25 @@ def code_exercises(instructor) -> list[CodeExercise]:
             sum(float(_meta(check).get("points", 0)) for check in check_cells),
             solution, functions, checkers))
     return exercises
+
+
+def hand_in(notebook: dict, answers: dict[str, str]) -> dict:
+    """A copy of ``notebook`` with each answer written into the cell of its grade id.
+
+    Args:
+        notebook: a notebook as JSON (usually the released student version).
+        answers: ``{grade_id: source}``, e.g. from :func:`code_exercises` or
+            :func:`blank_answers`; a grade id the notebook lacks is ignored.
+
+    Returns:
+        The new notebook, as JSON; ``notebook`` is unchanged.
+    """
+    copied = json.loads(json.dumps(notebook))
+    for cell in copied["cells"]:
+        grade_id = _meta(cell).get("grade_id")
+        if grade_id in answers:
+            cell["source"] = answers[grade_id]
+    return copied
 
 
 def blank_answers(instructor) -> dict[str, str]:
