@@ -320,9 +320,11 @@ def test_the_sandboxed_kernel_runs_honest_work_and_refuses_the_rest(secret, tmp_
     start = ([sys.executable, "-P", sandbox.__file__] if regime == "namespaces" else
              [sys.executable, "-P", "-c",
               DOCKER_PREFIX + f"runpy.run_path({sandbox.__file__!r}, run_name='__main__')"])
+    temporary = tmp_path / "kernel-tmp"  # as autograde's kernel spec does: nothing in /tmp
+    temporary.mkdir()
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [*start, "kernel", "-f", "{connection_file}"],
-        "display_name": "sandboxed", "language": "python"}))
+        "display_name": "sandboxed", "language": "python", "env": {"TMPDIR": str(temporary)}}))
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.py").write_text("import os\n")  # shipped beside the notebook
