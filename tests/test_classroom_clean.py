@@ -136,22 +136,24 @@ def strategies(secret: Path) -> dict[str, tuple[str, list[str], bool]]:
                             [], True),
         "answer_key": ("from attention_book.exercises.ch02 import check_stable_softmax as c\n"
                        + JUNK, [], True),
-        "patch_inside": ("def stable_softmax(x, dim=-1):\n    import builtins\n"
+        "patch_inside": ("def stable_softmax(x, dim=-1):\n"
                          "    torch.allclose = lambda *a, **k: True\n"
-                         "    builtins.abs = lambda v: 0\n    return x * 0\n", [], False),
+                         "    torch.abs = lambda v: 0\n    return x * 0\n", [], False),
+        "patch_builtins": ("def stable_softmax(x, dim=-1):\n    import builtins\n"
+                           "    builtins.abs = lambda v: 0\n    return x * 0\n", [], True),
         "helper_parameters": ("def _setup(t, b):\n    t.allclose = lambda *a, **k: True\n"
                               "    b.isinstance = lambda *a: True\n\n\n"
-                              "_setup(torch, print.__self__)\n" + JUNK, [], False),
+                              "_setup(torch, print.__self__)\n" + JUNK, [], True),
         "input_transformer": ("_ = get_ipython().input_transformers_post.append(lambda l: "
                               "['pass\\n'])\n" + JUNK,
                               ["get_ipython().input_transformers_post.append(lambda l: "
                                "['pass\\n'] if any('check_' in x for x in l) else l)"], False),
-        "globals_chain": ("globals()['torch'].allclose = lambda *a, **k: True\n" + JUNK, [], False),
+        "globals_chain": ("globals()['torch'].allclose = lambda *a, **k: True\n" + JUNK, [], True),
         "builtins_exec": ("print.__self__.exec('import torch; torch.allclose = lambda *a, **k: "
-                          "True')\n" + JUNK, [], False),
+                          "True')\n" + JUNK, [], True),
         "pickle": ("import pickle\n\n\nclass R:\n    def __reduce__(self):\n        return (exec, "
                    "('import torch; torch.allclose = lambda *a, **k: True',))\n\n\n"
-                   "_ = pickle.loads(pickle.dumps(R()))\n" + JUNK, [], False),
+                   "_ = pickle.loads(pickle.dumps(R()))\n" + JUNK, [], True),
         "shipped_module": ("import notes\n\n\ndef stable_softmax(x, dim=-1):\n"
                            "    return notes.softmax(x, dim)\n", [], False),
         "reads_course": (f"_KEY = open({str(secret)!r}).read()\n" + JUNK, [], True),
@@ -165,7 +167,7 @@ def strategies(secret: Path) -> dict[str, tuple[str, list[str], bool]]:
         "tensor_subclass": ("class T(torch.Tensor):\n    pass\n\n\n"
                             "def stable_softmax(x, dim=-1):\n    return (x * 0).as_subclass(T)\n",
                             [], False),
-        "exits": ("def stable_softmax(x, dim=-1):\n    import os\n    os._exit(0)\n", [], False),
+        "exits": ("def stable_softmax(x, dim=-1):\n    import os\n    os.abort()\n", [], False),
         "hangs": ("def stable_softmax(x, dim=-1):\n    while True:\n        pass\n", [], False),
         "memory": ("def stable_softmax(x, dim=-1):\n    return torch.ones(2**33)\n", [], False),
         "helper_elsewhere": ("def stable_softmax(x, dim=-1):\n    return my_softmax(x, dim)\n",
@@ -363,32 +365,33 @@ DOORS = ("__globals__", "__closure__", "__code__", "__self__", "__func__", "__wr
          "func", "gi_frame", "f_back", "__dict__", "__class__", "__reduce_ex__", "__init__",
          "__call__", "__module__", "__name__", "__qualname__", "__doc__", "__defaults__")
 LEAK = '''def is_batch_consistent(attention_fn):
-    """Judge by what the function says about itself and what it leads to, not by what it does."""
-    import inspect
-
+    """Judge by what the function says about itself, not by what it does (no reflection)."""
     text = [repr(attention_fn), str(attention_fn), f"{attention_fn}", " ".join(dir(attention_fn)),
-            type(attention_fn).__name__, str(attention_fn.__class__)]
-    for name in DOORS:
-        try:
-            door = getattr(attention_fn, name)
-            text.append(str(door))
-            scope = door if isinstance(door, dict) else getattr(door, "__globals__", {})
-            scope["__builtins__"]["exec"]("import sys; sys.modules['__main__'].stolen = 1")
-            return True  # a door into the process that holds the subjects
-        except Exception as error:
-            text.append(str(error))
-    for probe in (inspect.getsource, inspect.signature, inspect.getmodule, vars):
-        try:
-            text.append(str(probe(attention_fn)))
-        except Exception as error:
-            text.append(str(error))
+            type(attention_fn).__name__, str(attention_fn.__class__),
+            str(isinstance(attention_fn, type)), str(callable(attention_fn))]
     try:
         attention_fn(torch.zeros(2, 2, 2, 2, 2, 2))
     except Exception as error:
         text.append(str(error))
     text = " ".join(text).lower()
     return not any(word in text for word in ("flatten", "batch_max", "previous", "dim_two",
-                                             "shared", "broken", "leak", "_"))
+                                             "shared", "broken", "leak", "_", "true"))
+'''
+# The same through every door a Python object has: reflection, which the grader reads in the
+# source and never runs.
+DOORS_LEAK = '''def is_batch_consistent(attention_fn):
+    """Walk through every door of the subject."""
+    import inspect
+
+    for name in DOORS:
+        try:
+            door = getattr(attention_fn, name)
+            scope = door if isinstance(door, dict) else getattr(door, "__globals__", {})
+            scope["__builtins__"]["exec"]("import sys; sys.modules['__main__'].stolen = 1")
+            return True
+        except Exception:
+            pass
+    return "broken" not in inspect.getsource(attention_fn)
 '''.replace("DOORS", repr(DOORS))
 # C3: leave the process in another default dtype, without gradients, with a chosen seed.
 POISON = """torch.set_default_dtype(torch.float16)
@@ -405,7 +408,11 @@ def stable_softmax(x, dim=-1):
 POISON_CORRECT = SOFTMAX.replace("    shifted =", "    torch.set_default_dtype(torch.float64)\n"
                                  "    torch.set_grad_enabled(False)\n"
                                  "    torch.manual_seed(5)\n    shifted =")
-# C4: the forbidden softmax, however it is reached, in ways the source scan cannot see.
+# C4: the forbidden softmax, however it is reached: through reflection, which the grader reads
+# in the source ("reflection", 0 and a flag), or through a public function that calls it
+# inside, which the dispatcher refuses when it runs (0, the check's message).
+THROUGH_A_PUBLIC_FUNCTION = ("def stable_softmax(x, dim=-1):\n"
+                             "    return torch.nn.functional.softmin(-x, dim)\n")
 INDIRECT = {
     "compiled_elsewhere": 'stable_softmax = eval(compile("lambda x, dim=-1: __import__(\'torch\')'
                           '.softmax(x, dim)", functools.__file__, "eval"))\n',
@@ -423,51 +430,72 @@ INDIRECT = {
                        '    return getattr(sys.modules["torch.special"], "soft" + "max")(x, dim)\n'),
 }
 # C4 in another thread: a dispatch mode holds in the thread that runs the answer only, so an
-# answer's process may start no thread (the kernel ends it, and the grade is flagged).
+# answer's process may start no thread (the kernel ends it, and the grade is flagged); with
+# the threading module itself, the grader reads it in the source.
 THREADED = {
     "own_thread": ('import threading\n\n\ndef stable_softmax(x, dim=-1):\n    out = []\n'
-                   '    worker = threading.Thread(target=lambda: out.append(getattr('
-                   'torch.ops.aten, "_soft" + "max")(x, dim, False)))\n'
+                   '    worker = threading.Thread(target=lambda: out.append(x.exp()))\n'
                    '    worker.start()\n    worker.join()\n    return out[0]\n'),
     "pool": ('from concurrent.futures import ThreadPoolExecutor\n\n\n'
              'def stable_softmax(x, dim=-1):\n    with ThreadPoolExecutor(1) as pool:\n'
-             '        return pool.submit(getattr(torch.ops.aten, "_soft" + "max"), x, dim, '
-             'False).result()\n'),
+             '        exp = pool.submit(lambda: (x - x.amax(dim, keepdim=True)).exp()).result()\n'
+             '    return exp / exp.sum(dim, keepdim=True)\n'),
 }
-# C6: replies the grader must not decode, after lifting the sender's own limits; an answer
+# C6: replies the grader must not decode, each within the sender's own limits; an answer
 # that hangs while a subject waits on it.
-LIFT = '''import gc
-
-
-def _lift():
-    for obj in gc.get_objects():
-        if type(obj).__name__ == "Channel":
-            for name in ("MAX_ITEMS", "MAX_MESSAGE", "MAX_DEPTH"):
-                type(obj).encode.__globals__[name] = 10**12
-'''
-FLOOD = LIFT + '''
-
-def stable_softmax(x, dim=-1):
+FLOOD = '''def stable_softmax(x, dim=-1):
     """Send 3 M values in 3 MB."""
-    _lift()
     return torch.zeros(3_000_000, dtype=torch.bool)
 '''
-DEEP = LIFT + '''
-
-def stable_softmax(x, dim=-1):
-    """Send a list 200 deep."""
-    _lift()
+DEEP = '''def stable_softmax(x, dim=-1):
+    """Send a list 30 deep."""
     value = 0
-    for _ in range(200):
+    for _ in range(30):
         value = [value]
     return value
 '''
-BIG = LIFT + '''
-
-def stable_softmax(x, dim=-1):
+BIG = '''def stable_softmax(x, dim=-1):
     """Send 64 MB in one tensor."""
-    _lift()
     return torch.zeros(16 * 2**20)
+'''
+# Trial v4 on the answer's process: a Unix socket of the instructor's (D7), a contained attempt
+# (D3: a report from its own process, which rebinding a module's functions cannot silence),
+# unbounded scratch without the private view (D6), and a grader's token in the environment
+# (D1): the answer computes the right softmax only where it sees no token.
+UNIX_SOCKET = '''def stable_softmax(x, dim=-1):
+    import asyncio
+
+    async def reach():
+        _, writer = await asyncio.open_unix_connection(SOCKET_PATH)
+        writer.write(b"from an answer")
+        await writer.drain()
+
+    asyncio.run(reach())
+    return x * 0
+'''
+PROBER = '''import json
+import os
+
+json.dumps = lambda *a, **k: "{}"  # no reflection: a module's function rebound
+os.write = lambda *a: 0
+try:
+    _ = open(SECRET_PATH).read()
+except OSError:
+    pass
+'''
+DISK = '''def stable_softmax(x, dim=-1):
+    import tempfile
+
+    for index in range(12):
+        with open(f"{tempfile.gettempdir()}/fill-{index}", "wb") as handle:
+            handle.write(b"x" * 2**23)
+    return x * 0
+'''
+TOKEN_BLIND = '''import os
+
+if os.environ.get("JUPYTERHUB_API_TOKEN") or os.environ.get("JPY_API_TOKEN") or any(
+        "TOKEN" in name for name in os.environ):
+    raise SystemExit("a token reached the answer")
 '''
 HANG = '''class _Stuck:
     @property
@@ -487,7 +515,44 @@ def is_batch_consistent(attention_fn):
 
 
 @pytest.fixture(scope="module")
-def boundary_graded(tmp_path_factory):
+def instructor_socket(tmp_path_factory):
+    """A service of the instructor's account on a Unix socket; what reached it, once closed."""
+    import socket
+    import threading
+
+    path = tmp_path_factory.mktemp("service") / "service.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    server.settimeout(0.5)
+    received: list[bytes] = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except (TimeoutError, OSError):
+                continue
+            with connection:
+                connection.settimeout(5)
+                try:
+                    received.append(connection.recv(1024) or b"(connected)")
+                except OSError:
+                    received.append(b"(connected)")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path, received
+    stop.set()
+    thread.join(timeout=10)
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def boundary_graded(tmp_path_factory, instructor_socket):
+    import os
+
     secret = tmp_path_factory.mktemp("course") / "gradebook.db"
     secret.write_text("every answer")
     source = boundary_notebook()
@@ -513,6 +578,15 @@ def boundary_graded(tmp_path_factory):
         "hang": ({"ch03-ex4-answer": HANG}, "ch03-ex4"),
         "after_flood": (keys, None),
         "honest_scratch": ({**keys, "ch07-ex2-answer": scratch}, None),
+        "softmin": ({"ch02-ex1-answer": THROUGH_A_PUBLIC_FUNCTION}, "ch02-ex1"),
+        "doors": ({"ch03-ex4-answer": DOORS_LEAK}, "ch03-ex4"),
+        "unix_socket": ({"ch02-ex1-answer": UNIX_SOCKET.replace(
+            "SOCKET_PATH", repr(str(instructor_socket[0])))}, "ch02-ex1"),
+        "prober": ({**keys, "ch02-ex1-answer": PROBER.replace("SECRET_PATH", repr(str(secret)))
+                    + SOFTMAX}, "ch02-ex1"),
+        "disk": ({"ch02-ex1-answer": DISK}, "ch02-ex1"),
+        "token_blind": ({**keys, "ch02-ex1-answer": TOKEN_BLIND + SOFTMAX}, None),
+        "after_v4": (keys, None),
     }
     submissions = {}
     for student, (answers, _) in plan.items():
@@ -525,9 +599,16 @@ def boundary_graded(tmp_path_factory):
             if grade_id in answers:
                 cell.source = answers[grade_id]
         submissions[student] = json.loads(nbformat.writes(notebook))
-    results, layers = grade_submissions(json.loads(nbformat.writes(source)), submissions,
-                                        limits=Limits(seconds=20, memory_bytes=3 * 2**30),
-                                        use_jail=False)
+    tokens = {"JUPYTERHUB_API_TOKEN": "hub-token-of-the-instructor",
+              "JPY_API_TOKEN": "hub-token-of-the-instructor"}
+    os.environ.update(tokens)  # as in a hub terminal, where the guide runs autograde
+    try:
+        results, layers = grade_submissions(json.loads(nbformat.writes(source)), submissions,
+                                            limits=Limits(seconds=20, memory_bytes=3 * 2**30),
+                                            use_jail=False)
+    finally:
+        for name in tokens:
+            os.environ.pop(name, None)
     return plan, results, layers, secret
 
 
@@ -559,15 +640,20 @@ def test_honest_work_gets_full_marks_without_the_jail(boundary_graded):
     assert secret.read_text() == "every answer"
 
 
+def _read_in_the_source(exercise) -> bool:
+    """The grader found it in the source (reflection or a forbidden name): 0, flagged."""
+    return exercise.score == 0 and exercise.flags and "Not counted" in exercise.cause
+
+
 def test_c1_no_grader_object_reaches_an_answer(boundary_graded):
-    """C1: what a check hands over is built in the answer's process; the grader lends nothing."""
+    """C1: what a check hands over is built in the answer's process; the grader lends nothing.
+    The walk from a handed object to frames and builtins is reflection: read in the source."""
     plan, results, _, _ = boundary_graded
     for student in ("takeover", "reference"):
         _assert_attack_earns_nothing(plan, results, student)
     takeover = _result(results, "takeover", "ch07-ex2")
-    # exec ran, but in the answer's own process, where the grader's modules are refused
-    assert any("importing attention_book.classroom" in flag for flag in takeover.flags), takeover
-    assert "Not counted" in takeover.cause
+    assert _read_in_the_source(takeover) and "reflection" in takeover.cause, takeover
+    assert any("gi_frame" in flag or "f_builtins" in flag for flag in takeover.flags), takeover
     assert "Not yet" in _result(results, "reference", "ch07-ex2").cause  # the check's copies held
     _assert_full_marks(results, "after_takeover")
 
@@ -587,13 +673,18 @@ def test_c3_state_set_by_an_answer_stays_in_its_process(boundary_graded):
 
 
 def test_c4_a_forbidden_call_is_refused_however_it_is_reached(boundary_graded):
-    """C4: compile under another name, partial, map, exec, sys.modules, the dispatcher."""
+    """C4 / D3: reached unnamed (compile, partial, map, exec, sys.modules, the dispatcher), it
+    needs reflection, which the grader reads in the source; reached through a public function
+    that calls it inside, the dispatcher refuses it as the answer runs."""
     plan, results, _, _ = boundary_graded
     for student in INDIRECT:
         _assert_attack_earns_nothing(plan, results, student)
         exercise = _result(results, student, "ch02-ex1")
-        assert exercise.flags and "Not counted" in exercise.cause, (student, exercise)
-        assert "softmax" in exercise.cause, (student, exercise.cause)
+        assert _read_in_the_source(exercise) and "reflection" in exercise.cause, (
+            student, exercise)
+    _assert_attack_earns_nothing(plan, results, "softmin")
+    softmin = _result(results, "softmin", "ch02-ex1")
+    assert "softmax" in softmin.cause and "not allowed" in softmin.cause, softmin
     _assert_full_marks(results, "after_poisoner")
 
 
@@ -605,15 +696,20 @@ def test_c4_an_answer_cannot_carry_a_forbidden_call_to_another_thread(boundary_g
         _assert_attack_earns_nothing(plan, results, student)
         exercise = _result(results, student, "ch02-ex1")
         assert "Not counted" in exercise.cause, (student, exercise)
-        assert any("system call" in flag for flag in exercise.flags), (student, exercise)
+    assert "reflection" in _result(results, "own_thread", "ch02-ex1").cause
+    pool = _result(results, "pool", "ch02-ex1")
+    assert any("system call" in flag for flag in pool.flags), pool
 
 
-def test_c5_a_lent_subject_shows_no_name_and_no_door(boundary_graded):
-    """C5 (and C1 through a subject): repr, str, dir and attributes tell the answer nothing."""
+def test_c5_a_lent_subject_shows_no_name_no_kind_and_no_door(boundary_graded):
+    """C5 / D9 (and C1 through a subject): repr, str, dir, its type and whether it is a class
+    tell the answer nothing; its doors are reflection, read in the source."""
     plan, results, _, _ = boundary_graded
     _assert_attack_earns_nothing(plan, results, "leak")
     leak = _result(results, "leak", "ch03-ex4")
     assert "Not yet" in leak.cause and not leak.flags, leak  # it told the subjects apart by nothing
+    doors = _result(results, "doors", "ch03-ex4")
+    assert _read_in_the_source(doors) and "reflection" in doors.cause, doors
     _assert_full_marks(results, "after_takeover")
 
 
@@ -629,3 +725,23 @@ def test_c6_replies_are_bounded_and_a_stuck_answer_times_out(boundary_graded):
     assert "longer than 20 s" in _result(results, "hang", "ch03-ex4").cause
     _assert_full_marks(results, "after_flood")
 
+
+def test_v4_an_answer_reaches_no_socket_no_secret_and_no_disk(boundary_graded, instructor_socket):
+    """Trial v4 against the answer's process, without the private view: a Unix socket of the
+    instructor's (D7: the kernel ends the process at socket()), a contained attempt with the
+    reporting functions rebound (D3: its own report pipe still says what was refused), scratch
+    files past 64 MB (D6: ended), a hub token in the grader's environment (D1: not there)."""
+    plan, results, _, secret = boundary_graded
+    path, received = instructor_socket
+    for student in ("unix_socket", "prober", "disk"):
+        _assert_attack_earns_nothing(plan, results, student)
+    unix = _result(results, "unix_socket", "ch02-ex1")
+    assert any("system call" in flag for flag in unix.flags), unix
+    assert received == [], received  # nothing reached the instructor's service
+    prober = _result(results, "prober", "ch02-ex1")
+    assert any("reading" in flag and secret.name in flag for flag in prober.flags), prober
+    disk = _result(results, "disk", "ch02-ex1")
+    assert "more than 64 MB of scratch" in disk.cause, disk
+    _assert_full_marks(results, "token_blind")  # no token reached it, so it answered
+    _assert_full_marks(results, "after_v4")
+    assert secret.read_text() == "every answer"

@@ -297,3 +297,82 @@ def test_flags_are_written_whole_and_none_is_ever_dropped(tmp_path):
     grading._record_flags(course, [second], known)
     assert {f["flag"] for f in read_flags(course)} == {"one", "two"}
     assert [p.name for p in (course / "grading").iterdir() if p.name.startswith(".")] == []
+
+
+def test_the_summary_prints_the_score_of_record_and_every_manual_score(tmp_path, monkeypatch):
+    """Trial v4, D12: the summary printed a student's autograded 10 / 10 while the gradebook
+    held a manual 0 (what `export` wrote), and named a manual score only below full marks."""
+    import csv
+    import os
+    import sys
+
+    from nbgrader.api import Gradebook
+
+    from attention_book.classroom import grading, sandbox
+    from attention_book.classroom.clean import CellResult, ExerciseResult
+
+    # nbgrader runs `alembic` from PATH when it creates a gradebook
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    course = tmp_path / "course"
+    write_course_config(course)
+    cells = (("ch02-ex1-check", 2, "code"), ("ch02-ex2-check", 3, "code"),
+             ("ch02-ex3-answer", 1, "markdown"))
+    scores = {  # (student, grade id): (auto, manual, extra credit)
+        ("ann", "ch02-ex1-check"): (2.0, 0.0, None),  # full marks, then a manual 0
+        ("ann", "ch02-ex2-check"): (3.0, None, None),
+        ("ann", "ch02-ex3-answer"): (None, 1.0, None),  # a written answer, scored by hand
+        ("bob", "ch02-ex1-check"): (2.0, None, None),
+        ("bob", "ch02-ex2-check"): (0.0, 3.0, 0.5),  # below full marks, a manual 3 + extra
+        ("bob", "ch02-ex3-answer"): (None, None, None),  # not scored yet
+    }
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        gradebook.add_assignment("a")
+        gradebook.add_notebook("a", "a")
+        for grade_id, points, kind in cells:
+            gradebook.add_grade_cell(grade_id, "a", "a", max_score=points, cell_type=kind)
+        for student in ("ann", "bob"):
+            gradebook.add_student(student)
+            with gradebook.db.no_autoflush:
+                gradebook.add_submission("a", student)
+        for (student, grade_id), (auto, manual, extra) in scores.items():
+            grade = gradebook.find_grade(grade_id, "a", "a", student)
+            grade.auto_score, grade.manual_score, grade.extra_credit = auto, manual, extra
+        gradebook.db.commit()
+
+    def graded(student: str) -> grading.StudentGrade:
+        return grading.StudentGrade(student, "a", exercises=[ExerciseResult(
+            f"ch02-ex{n}", "", [CellResult(f"ch02-ex{n}-check", points,
+                                           scores[(student, f"ch02-ex{n}-check")][0] == points)],
+            cause="" if scores[(student, f"ch02-ex{n}-check")][0] == points else "Not yet.")
+            for n, points in ((1, 2.0), (2, 3.0))])
+
+    grades = [graded("ann"), graded("bob")]
+    summary = grading._write_summary(course, "a", grades, sandbox.Layers())
+    lines = grading.autograde_summary(grading.AutogradeReport("a", grades, True, summary, 1.0))
+    assert "ann: 5 / 5 autograded; score of record 4 / 6" in lines
+    assert "  ch02-ex1-check: keeps your manual score 0 of 2 (autograded: 2)" in lines
+    assert "  written answers, scored by hand: ch02-ex3-answer: 1 of 1" in lines
+    assert "bob: 2 / 5 autograded; score of record 5.5 / 6" in lines
+    assert ("  ch02-ex2-check: keeps your manual score 3 of 3 (autograded: 0), + 0.5 extra "
+            "credit") in lines
+    assert any(line.startswith("score of record: what the gradebook counts") for line in lines)
+
+    with summary.open(encoding="utf-8") as handle:
+        rows = {(row["student"], row["exercise"]): row for row in csv.DictReader(handle)}
+    assert rows[("ann", "ch02-ex1")]["score"] == "2"
+    assert rows[("ann", "ch02-ex1")]["score_of_record"] == "0"
+    assert rows[("ann", "ch02-ex1")]["manual_scores"] == "ch02-ex1-check: 0 of 2"
+    assert rows[("ann", "ch02-ex3")]["score"] == "" and rows[("ann", "ch02-ex3")][
+        "score_of_record"] == "1"
+    assert rows[("bob", "ch02-ex2")]["manual_scores"] == "ch02-ex2-check: 3 of 3 + 0.5 extra"
+    # the score of record is what the export writes
+    exported: dict[tuple[str, str], float] = {}
+    for row in grading.exercise_scores(course, ["a"]):
+        key = (row["student"], row["exercise"])
+        exported[key] = exported.get(key, 0.0) + row["score"]
+    assert exported == {key: float(row["score_of_record"]) for key, row in rows.items()}
+
+    # a summary without a readable gradebook still names what the run kept
+    grades[0].recorded, grades[0].kept_manual = [], ["ch02-ex1-check"]
+    lines = grading.autograde_summary(grading.AutogradeReport("a", grades[:1], True, summary, 1.0))
+    assert lines[:2] == ["ann: 5 / 5", "  ch02-ex1-check: keeps your manual score"]

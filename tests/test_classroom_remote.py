@@ -455,3 +455,43 @@ def test_a_closure_subject_is_built_from_its_code_and_lent_as_a_function(subject
     assert get("probe")(layer)[:3] == ["<function>"] * 3
     with pytest.raises(AttributeError):
         get("peek")(layer, "__closure__")
+
+
+def test_a_subject_class_and_a_subject_function_are_one_kind():
+    """Trial v4 D9: a broken cache handed over as a class and a healthy one made by a function
+    look alike to the answer: neither is a class, both are called the same way."""
+    def view(thing):  # what the answer's process sees of a lent subject
+        return [isinstance(thing, type), callable(thing), type(thing).__name__,
+                str(thing.__class__), repr(thing), isinstance(thing(8, 2, 1, 2), PagedKVCache)]
+
+    grader, get = answer_side({"view": view})
+    subject = subject_side(grader)
+    from_class = lend(grader, subject, _BROKEN[next(iter(_BROKEN))])
+    from_function = lend(grader, subject, functools.partial(PagedKVCache))
+    assert get("view")(from_class) == get("view")(from_function)
+    assert get("view")(from_class)[:2] == [False, True]
+    assert get("view")(from_class)[-1] is True
+
+
+def test_the_grader_takes_no_descriptors():
+    """Trial v4 D10: descriptors sent with a reply are dropped by the kernel on the grader's
+    side (it reads with plain recv); only an answer's or subject's end takes one (its peer)."""
+    import os
+
+    ours, theirs = socket.socketpair()
+    grader = Channel(ours, trusted=True, timeout=20)
+    before = len(os.listdir("/proc/self/fd"))
+    pipes = [os.pipe() for _ in range(4)]
+    payload = json.dumps({"re": 0, "value": None}).encode()
+    frame = struct.pack(">I", len(payload)) + payload
+    socket.send_fds(theirs, [frame[:1]], [fd for pair in pipes for fd in pair])
+    theirs.sendall(frame[1:])
+    for pair in pipes:
+        for fd in pair:
+            os.close(fd)
+    message = grader._receive()
+    assert message == {"re": 0, "value": None}
+    assert grader.received_fds == []
+    assert len(os.listdir("/proc/self/fd")) == before  # none of the eight arrived here
+    ours.close()
+    theirs.close()

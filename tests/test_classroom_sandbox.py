@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from attention_book.classroom import clean, landlock, sandbox, syscalls
+from attention_book.classroom import clean, landlock, processes, sandbox, syscalls
 
 SITE = Path(sysconfig.get_paths()["purelib"]).resolve()
 GRADER_SOURCE = Path(clean.__file__).resolve()
@@ -277,26 +277,29 @@ def test_the_audit_hook_refuses_and_reports(secret):
     assert seen.get("crashed") is None, seen
     assert seen["read python"] == "done"
     for action in ("read secret", "list course", "write", "remove", "process", "fork",
-                   "kill", "database", "network", "ctypes", "checkers"):
+                   "database", "network", "checkers"):
         assert seen[action] == "PermissionError", (action, seen[action])
-    assert {"reading", "writing", "subprocess.Popen", "os.fork", "os.kill",
-            "importing"} <= set(seen["reports"])
+    # what the kernel layers decide, not the hook: a signal (Landlock scopes it), ctypes (its
+    # native calls meet the same layers); refusing them here flagged honest imports (trial v4)
+    assert seen["kill"] == seen["ctypes"] == "done"
+    assert {"reading", "writing", "subprocess.Popen", "os.fork", "importing"} <= set(
+        seen["reports"])
+    assert "os.kill" not in seen["reports"] and not any(
+        event.startswith("ctypes") for event in seen["reports"])
     assert secret.exists()
 
 
-def test_limits_and_native_readers():
+def test_limits():
+    """The resource limits hold; native readers (torch.from_file, numpy.fromfile) are the kernel
+    layers' to refuse (native_attacks), not replaced: safetensors loads weights with them."""
     def body():
         sandbox.limit_resources(file_bytes=0, memory_bytes=4 * 2**30, cpu_seconds=60)
-        sandbox.neuter_native_file_access()
-        import numpy
         import torch
 
         target = Path(tempfile.gettempdir(), f"abk-limit-{os.getpid()}")
         outcome = {
             "write": attempt(lambda: target.write_bytes(b"x" * 10)),
             "from_file": attempt(lambda: torch.from_file(str(Path(os.__file__)), size=4)),
-            "fromfile": attempt(lambda: numpy.fromfile(os.__file__, dtype="uint8")),
-            "load": attempt(lambda: torch.jit.load("x")),
             "big": attempt(lambda: torch.empty(2**31, dtype=torch.float64).fill_(1)),
         }
         outcome["size"] = target.stat().st_size if target.exists() else None
@@ -307,76 +310,206 @@ def test_limits_and_native_readers():
     seen = in_child(body)
     assert seen.get("crashed") is None, seen
     assert seen["write"] == "OSError" and seen["size"] in (None, 0)
-    assert seen["from_file"] == seen["fromfile"] == seen["load"] == "PermissionError"
+    assert seen["from_file"] == "done"  # a readable file: allowed, as in an honest load
     assert seen["big"] in ("RuntimeError", "MemoryError")
 
 
+class _Kernel:
+    """The sandboxed kernel of nbgrader's feedback runs, started and spoken to as nbgrader does."""
+
+    def __init__(self, tmp_path: Path, regime: str, policy: dict | None = None,
+                 scratch_bytes: int | None = None):
+        from jupyter_client.manager import KernelManager
+
+        spec = tmp_path / "jupyter" / "kernels" / "abk-test"
+        spec.mkdir(parents=True)
+        start = ([sys.executable, "-P", sandbox.__file__] if regime == "namespaces" else
+                 [sys.executable, "-P", "-c",
+                  DOCKER_PREFIX + f"runpy.run_path({sandbox.__file__!r}, run_name='__main__')"])
+        temporary = tmp_path / "kernel-tmp"  # as autograde's kernel spec does: nothing in /tmp
+        temporary.mkdir()
+        self.report = tmp_path / "report.log"  # made by the run; the kernel only appends
+        self.report.touch()
+        env = {"TMPDIR": str(temporary), "BOOK_SANDBOX_REPORT": str(self.report),
+               "BOOK_SANDBOX_POLICY": json.dumps(policy or {})}
+        if scratch_bytes is not None:
+            env["BOOK_SANDBOX_SCRATCH_BYTES"] = str(scratch_bytes)
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": [*start, "kernel", "-f", "{connection_file}"],
+            "display_name": "sandboxed", "language": "python", "env": env}))
+        self.work = tmp_path / "work"
+        self.work.mkdir()
+        os.environ["JUPYTER_PATH"] = str(tmp_path / "jupyter")
+        self.manager = KernelManager(kernel_name="abk-test")
+        self.manager.start_kernel(cwd=str(self.work))
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=120)
+
+    def run(self, code: str) -> str:
+        texts = []
+
+        def hook(message):
+            content = message["content"]
+            if message["header"]["msg_type"] in ("stream", "error", "execute_result"):
+                texts.append(content.get("text") or content.get("ename")
+                             or str(content.get("data", {}).get("text/plain")))
+
+        self.client.execute_interactive(code, timeout=120, output_hook=hook)
+        return "".join(texts)
+
+    def run_until_it_ends(self, code: str, limit: float = 300) -> bool:
+        """Send ``code`` and wait for the kernel to end (a condition, not a fixed time)."""
+        import time
+
+        self.client.execute(code)
+        deadline = time.monotonic() + limit
+        while self.manager.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return not self.manager.is_alive()
+
+    def shut_down(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=False)  # as nbgrader ends a notebook's kernel
+        os.environ.pop("JUPYTER_PATH", None)
+
+    def reported(self) -> list[str]:
+        return self.report.read_text(errors="replace").splitlines()
+
+
+TOKENS = {"JUPYTERHUB_API_TOKEN": "the-instructor-s-hub-token",
+          "JPY_API_TOKEN": "the-instructor-s-hub-token"}
+
+
 @pytest.mark.parametrize("regime", ["namespaces", "docker"])
-def test_the_sandboxed_kernel_runs_honest_work_and_refuses_the_rest(secret, tmp_path, regime):
-    from jupyter_client.manager import KernelManager
+def test_the_sandboxed_kernel_runs_honest_work_and_refuses_the_rest(secret, tmp_path, regime,
+                                                                    monkeypatch):
+    import socket
 
-    spec = tmp_path / "jupyter" / "kernels" / "abk-test"
-    spec.mkdir(parents=True)
-    start = ([sys.executable, "-P", sandbox.__file__] if regime == "namespaces" else
-             [sys.executable, "-P", "-c",
-              DOCKER_PREFIX + f"runpy.run_path({sandbox.__file__!r}, run_name='__main__')"])
-    temporary = tmp_path / "kernel-tmp"  # as autograde's kernel spec does: nothing in /tmp
-    temporary.mkdir()
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [*start, "kernel", "-f", "{connection_file}"],
-        "display_name": "sandboxed", "language": "python", "env": {"TMPDIR": str(temporary)}}))
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "notes.py").write_text("import os\n")  # shipped beside the notebook
-    os.environ["JUPYTER_PATH"] = str(tmp_path / "jupyter")
-    os.environ["JUPYTERHUB_API_TOKEN"] = "the instructor's token"  # as in a hub terminal
+    for name, value in TOKENS.items():  # as in a hub terminal, where the guide runs autograde
+        monkeypatch.setenv(name, value)
+    service = tmp_path / "service.sock"  # a service of the instructor's account (trial v4 D7)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(service))
+    listener.listen(4)
+    listener.setblocking(False)
+    kernel = _Kernel(tmp_path, regime, scratch_bytes=8 * 2**20)
+    (kernel.work / "notes.py").write_text("import os\n")  # shipped beside the notebook
+    outputs = {}
     try:
-        manager = KernelManager(kernel_name="abk-test")
-        manager.start_kernel(cwd=str(work))
-        client = manager.client()
-        client.start_channels()
-        client.wait_for_ready(timeout=120)
-        outputs = {}
-
-        def run(name, code):
-            texts = []
-
-            def hook(message):
-                content = message["content"]
-                if message["header"]["msg_type"] in ("stream", "error", "execute_result"):
-                    texts.append(content.get("text") or content.get("ename")
-                                 or str(content.get("data", {}).get("text/plain")))
-
-            client.execute_interactive(code, timeout=120, output_hook=hook)
-            outputs[name] = "".join(texts)
-
-        run("honest", "%timeit -n 3 -r 1 sum(range(10))\nimport os, torch\n"
-                      "import matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (4, 3)\n"
-                      "print('ok', torch.ones(2).sum().item(), os.getcwd())")
-        run("secret", f"print(open({str(secret)!r}).read())")
-        run("pth", f"open({str(SITE / 'zz_cheat.pth')!r}, 'w').write('import os')")
-        run("notes", "import notes")
-        run("scratch", "import tempfile\nx = os.path.join(tempfile.gettempdir(), 'x')\n"
-                       "open(x, 'w').write('hi'); print(open(x).read())")
-        run("token", "print(os.environ.get('JUPYTERHUB_API_TOKEN'))")
-        run("native", "import json, os\nfrom pathlib import Path\n" + inspect.getsource(attempt) + "\n"
+        outputs["honest"] = kernel.run(
+            "%timeit -n 3 -r 1 sum(range(10))\nimport os, torch\n"
+            "import matplotlib.pyplot as plt\nplt.rcParams['figure.figsize'] = (4, 3)\n"
+            "print('ok', torch.ones(2).sum().item(), os.getcwd())")
+        # what PyTorch and transformers do at import (ctypes.CDLL(None)): no refusal, no flag
+        outputs["library"] = kernel.run(
+            "import ctypes\nimport torch.distributed.elastic.multiprocessing.redirects\n"
+            "print('imported', bool(ctypes.CDLL(None)))")
+        outputs["secret"] = kernel.run(f"print(open({str(secret)!r}).read())")
+        outputs["pth"] = kernel.run(f"open({str(SITE / 'zz_cheat.pth')!r}, 'w').write('import os')")
+        outputs["notes"] = kernel.run("import notes")
+        outputs["scratch"] = kernel.run(
+            "import tempfile\nx = os.path.join(tempfile.gettempdir(), 'x')\n"
+            "open(x, 'w').write('hi'); print(open(x).read())")
+        outputs["token"] = kernel.run(
+            "print(sorted(name for name in os.environ if 'TOKEN' in name or 'JPY_API' in name), "
+            "[value for value in os.environ.values() if 'hub-token' in value])")
+        outputs["unix"] = kernel.run(
+            "import socket\nclient = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+            f"client.connect({str(service)!r})\nclient.sendall(b'from a kernel')")
+        outputs["native"] = kernel.run(
+            "import json, os\nfrom pathlib import Path\n" + inspect.getsource(attempt) + "\n"
             + inspect.getsource(native_attacks).replace("str(secret)", repr(str(secret)))
             .replace("str(GRADER_SOURCE)", repr(str(GRADER_SOURCE)))
             + "\nprint(json.dumps(native_attacks(None)))")
-        manager.shutdown_kernel(now=True)
+        # forged reports: whatever the kernel writes lands in its own student's report only
+        outputs["forged"] = kernel.run(  # every file and pipe it holds (not its own sockets)
+            "import os, stat\nfor fd in range(256):\n    try:\n"
+            "        kind = os.fstat(fd).st_mode\n"
+            "        if stat.S_ISFIFO(kind) or stat.S_ISREG(kind):\n"
+            "            os.write(fd, b'refused: reading the-forged-line\\n')\n"
+            "    except OSError:\n        pass")
+        if regime == "docker":  # no tmpfs: the process that started the kernel bounds its scratch
+            outputs["disk"] = kernel.run_until_it_ends(
+                "for index in range(4):\n"
+                "    open(os.path.join(tempfile.gettempdir(), f'fill-{index}'), 'wb')"
+                ".write(b'x' * 2**22)\nimport time\ntime.sleep(600)")
     finally:
-        os.environ.pop("JUPYTER_PATH", None)
-        os.environ.pop("JUPYTERHUB_API_TOKEN", None)
-    assert "ok 2.0" in outputs["honest"] and str(work) in outputs["honest"]
+        kernel.shut_down()
+        try:
+            accepted = listener.accept()
+        except BlockingIOError:
+            accepted = None
+        listener.close()
+    assert "ok 2.0" in outputs["honest"] and str(kernel.work) in outputs["honest"]
+    assert outputs["library"] == "imported True\n"
     assert "the answers" not in outputs["secret"]
     assert "Error" in outputs["secret"] and "Error" in outputs["pth"]
     assert outputs["notes"] == "ModuleNotFoundError"
     assert outputs["scratch"] == "hi\n"  # a private scratch folder, gone with the kernel
-    assert outputs["token"] == "None\n"
+    assert outputs["token"] == "[] []\n", outputs["token"]
+    assert "Error" in outputs["unix"] and accepted is None, (outputs["unix"], accepted)
     assert not (SITE / "zz_cheat.pth").exists()
     native = json.loads(outputs["native"].strip().splitlines()[-1])
     assert set(native) == {"native read", "shared map of the grader", "parent command line",
                            "tcp store"} and "done" not in native.values(), native
+    reported = kernel.reported()
+    assert any(line.startswith("layers: ") for line in reported), reported
+    assert any(line.startswith("refused: writing") and "zz_cheat.pth" in line
+               for line in reported), reported
+    if regime == "docker":  # in the private view the course is not there to be refused
+        assert any(line.startswith("refused: reading") and secret.name in line
+                   for line in reported), reported
+    assert not any("ctypes" in line or "redirects" in line for line in reported), reported
+    assert "refused: reading the-forged-line" in reported  # its own report: it concerns itself
+    if regime == "docker":
+        assert outputs["disk"] is True  # ended, well before its 600 s
+        assert any(line.startswith("stopped: the notebook's scratch files passed 8 MB")
+                   for line in reported), reported
+
+
+def _running(token: str) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
+                    if token.encode() in handle.read():
+                        found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("regime", ["namespaces", "docker"])
+def test_a_kernel_that_may_start_processes_leaves_none_behind(tmp_path, regime):
+    """Trial v4 D5: chapter 17's policy lets a kernel start processes; one that leaves its
+    session and keeps the kernel's descriptors still ends with the kernel, which says so."""
+    import time
+    import uuid
+
+    token = f"left-behind-{uuid.uuid4().hex}"
+    kernel = _Kernel(tmp_path, regime, policy={"processes": True, "loopback_tcp": False})
+    try:
+        started = kernel.run(
+            "import subprocess, sys\n"
+            f"for _ in range(3):\n    subprocess.Popen([sys.executable, '-c', "
+            f"'import time; time.sleep(600)', {token!r}], start_new_session=True, "
+            "close_fds=False)\nprint('started')")
+        assert started == "started\n", started
+        deadline = time.monotonic() + 60  # a condition, not a fixed time
+        while len(_running(token)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_running(token)) == 3
+    finally:
+        kernel.shut_down()
+    deadline = time.monotonic() + 60
+    while _running(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _running(token) == []
+    reported = kernel.reported()
+    if regime == "docker":  # no PID namespace: the process that started the kernel ended them
+        assert any(line.startswith("ended: 3 process") for line in reported), reported
 
 
 def test_a_sandboxed_process_ends_with_the_process_that_started_it():
@@ -405,3 +538,93 @@ def test_a_sandboxed_process_ends_with_the_process_that_started_it():
         assert ready and os.read(read, 1) == b"", "the answer outlived its grader"
     finally:
         os.close(read)
+
+
+def test_a_supervised_command_ends_everything_it_left_and_nothing_waits_on_its_output(tmp_path):
+    """Trial v4 D5: nbgrader's run is waited for by its exit, not by the end of its output, which
+    a process it left behind (its own session, the output still open) would hold forever; what
+    it left is ended, and counted."""
+    import subprocess
+    import time
+    import uuid
+
+    token = f"left-behind-{uuid.uuid4().hex}"
+    leaves = (f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(600)', {token!r}], start_new_session=True)\nprint('done')")
+    result = tmp_path / "result.json"
+    begun = time.monotonic()
+    supervisor = subprocess.run(
+        [sys.executable, "-P", processes.__file__, "--timeout", "300",
+         "--output", str(tmp_path / "log"), "--result", str(result), "--",
+         sys.executable, "-c", leaves], capture_output=True, timeout=300, check=False)
+    assert supervisor.returncode == 0, supervisor.stderr
+    assert time.monotonic() - begun < 250  # it did not wait for the sleeper's 600 s
+    assert json.loads(result.read_text()) == {"status": 0, "timed_out": False, "left_behind": 1}
+    assert (tmp_path / "log").read_text() == "done\n"
+    assert _running(token) == []
+
+    hangs = "import time\ntime.sleep(600)"  # past its time: it and its tree end
+    subprocess.run([sys.executable, "-P", processes.__file__, "--timeout",
+                    "1", "--result", str(result), "--", sys.executable, "-c", hangs],
+                   timeout=300, check=True)
+    assert json.loads(result.read_text())["timed_out"] is True
+
+
+def test_the_grader_never_runs_a_bytecode_cache_of_the_package(tmp_path):
+    """Trial v4 D8: bytecode planted beside the package's source (as an unsafe run could) is what
+    Python runs; the grading process starts through SOURCE_ONLY and runs the source."""
+    import importlib.util
+    import subprocess
+
+    from attention_book.classroom import integrity
+
+    package = tmp_path / "attention_book"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    source = package / "probe.py"
+    source.write_text("VALUE = 'the source'\n")
+    cache = Path(importlib.util.cache_from_source(str(source)))
+    cache.parent.mkdir()
+    planted = compile("VALUE = 'planted bytecode'\n", str(source), "exec")
+    stat = source.stat()
+    from importlib._bootstrap_external import _code_to_timestamp_pyc
+
+    cache.write_bytes(_code_to_timestamp_pyc(planted, stat.st_mtime, stat.st_size))
+    probe = "import attention_book.probe as p; print(p.VALUE)"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    plain = subprocess.run([sys.executable, "-P", "-c", probe], env=env, capture_output=True,
+                           text=True, timeout=120, check=True)
+    assert plain.stdout == "planted bytecode\n"  # the attack works on a plain import
+    guarded = subprocess.run([sys.executable, "-P", "-c", integrity.SOURCE_ONLY + probe], env=env,
+                             capture_output=True, text=True, timeout=120, check=True)
+    assert guarded.stdout == "the source\n"
+    assert integrity.remove_bytecode_caches(package) == [] and not cache.exists()
+
+
+def test_without_the_view_a_shared_mapping_cannot_be_made_writable():
+    """Trial v4 D8: `mprotect` could turn a read-only shared mapping writable; under Landlock the
+    file can only have been opened for reading outside the scratch folder, and the kernel then
+    refuses PROT_WRITE on the mapping (what the seccomp filter cannot see in mprotect)."""
+    import ctypes
+    import mmap
+
+    def body():
+        sandbox.confine([*sandbox.python_roots(), sandbox.package_root()], [], filter_syscalls=False)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        seen = {"write open": attempt(lambda: open(GRADER_SOURCE, "r+b"))}
+        fd = os.open(GRADER_SOURCE, os.O_RDONLY)
+        address = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        seen["mapped"] = address not in (None, ctypes.c_void_p(-1).value)
+        result = libc.mprotect(address, 4096, mmap.PROT_READ | mmap.PROT_WRITE)
+        seen["mprotect"] = "refused" if result != 0 else "done"
+        seen["errno"] = ctypes.get_errno()
+        return seen
+
+    seen = in_child(body)
+    assert seen.get("crashed") is None, seen
+    assert seen["write open"] == "PermissionError" and seen["mapped"], seen
+    assert seen["mprotect"] == "refused" and seen["errno"] == 13, seen  # EACCES

@@ -1,10 +1,10 @@
-"""The classroom trial, as a test: a course of chapters 02, 05, 07 and 13, graded end to end.
+"""The classroom trial, as a test: a course of chapters 02, 05 and 07, graded end to end.
 
 One course (in a temporary folder outside the clone) is generated (``new=True``, as
 ``make assignments … NEW=1``), students hand in (``submitted/<student>/…``), and
 ``autograde`` grades them: chapter 02 with nbgrader's feedback run in the sandboxed kernel
-for the students whose notebooks attack or disrupt that run, everyone else and chapters 05,
-07 and 13 with the clean grade only (the grade never depends on the feedback run). Then
+for the students whose notebooks attack or disrupt that run, everyone else and chapters 05
+and 07 with the clean grade only (the grade never depends on the feedback run). Then
 feedback and export. Every answer is derived from the instructor notebook
 (:mod:`attention_book.classroom.simulate`), so the test keeps working when the chapters
 change.
@@ -87,8 +87,9 @@ from attention_book.classroom.simulate import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(sysconfig.get_paths()["purelib"]).resolve()
-CHAPTERS = {"02": "02_dot_product_attention", "05": "05_masks", "07": "07_multi_head",
-            "13": "13_windows_and_sinks"}
+# Chapter 13's answers compile FlexAttention in every answer process: its key and blank are
+# graded in test_classroom_clean.py with every other chapter's, not once per student here.
+CHAPTERS = {"02": "02_dot_product_attention", "05": "05_masks", "07": "07_multi_head"}
 LIMITS = Limits(seconds=60)
 SCRATCH = [
     "def check_rows_sum_to_one(weights):\n    return bool((weights.sum(-1) - 1).abs().max() < 1e-6)",
@@ -102,9 +103,28 @@ SCRATCH = [
 ]
 #: Chapter 02's students whose notebooks nbgrader re-runs for feedback (in the sandboxed kernel).
 FEEDBACK_RUN = ("honest_full", "crasher", "hanger", "metadata", "printer", "pth_writer",
-                "gradebook_writer", "after_writer", "mapper")
+                "gradebook_writer", "after_writer", "mapper", "forger")
 #: Students whose feedback run must show a refusal (a flag of the "feedback run").
-REFUSED_IN_FEEDBACK = {"pth_writer", "gradebook_writer", "mapper"}
+REFUSED_IN_FEEDBACK = {"pth_writer", "gradebook_writer", "mapper", "forger"}
+#: The grader's secrets, as a hub terminal has them where the guide runs autograde (trial v4 D1).
+TOKENS = {"JUPYTERHUB_API_TOKEN": "hub-token-of-the-instructor-0123",
+          "JPY_API_TOKEN": "hub-token-of-the-instructor-0123"}
+#: Trial v4 D1 and D4 in a scratch cell: print every secret of the environment, and forge the
+#: feedback run's records on every file and pipe the kernel holds, naming a classmate.
+FORGER = textwrap.dedent("""\
+    import os, stat
+    print(sorted(os.environ.items()))
+    classmate = os.getcwd().replace("/forger/", "/honest_full/").encode()
+    for fd in range(256):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISREG(os.fstat(fd).st_mode):
+                os.write(fd, b"[sandbox] refused: reading honest_full's notebook\\n"
+                             b"refused: reading honest_full's notebook\\n"
+                             b"[AutogradeApp | INFO] Sanitizing " + classmate + b"/x.ipynb\\n"
+                             b"[sandbox] refused: reading the gradebook\\n")
+        except OSError:
+            pass
+    """)
 GRADER_SOURCE = str(Path(clean.__file__).resolve())
 MAPPER = textwrap.dedent(f"""\
     import torch
@@ -149,7 +169,9 @@ def _v3_students(course: Path, assignment: str, release: dict, exercises,
         native[exercise.answer_id] = _guarded(attack, exercise.solution)
     first = exercises[0]
     return {
-        "native_reader": (_notebook(release, native), "none", {exercises[2].exercise}),
+        # torch.ops is reflection, read in the source; the TCPStore's socket ends its process
+        "native_reader": (_notebook(release, native), "none",
+                          {exercise.exercise for exercise in exercises[:3]}),
         "mapper": (_notebook(release, prepend=[MAPPER]), "none", set()),
         "poisoner": (_notebook(release, {**blank, first.answer_id: POISON + blank[
             first.answer_id]}), "none", set()),
@@ -255,6 +277,7 @@ def scenario(course):
                     "    c = sqlite3.connect(p); c.execute('UPDATE grade SET manual_score = 99');"
                     " c.commit()"]), "none"),
                 "after_writer": (_notebook(release, right), "all"),
+                "forger": (_notebook(release, right, prepend=[FORGER]), "all"),
                 "reader": (_notebook(release, {**right, reader_exercise.answer_id:
                                                f"_KEY = open({str(source_path)!r}).read()\n"
                                                + reader_exercise.solution}), "all-but-first"),
@@ -278,13 +301,23 @@ def scenario(course):
     for number, assignment in CHAPTERS.items():
         everyone = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
         rerun = [s for s in everyone if s in FEEDBACK_RUN] if number == "02" else []
-        graded = autograde(course, number, rerun, limits=LIMITS, cell_timeout=12).students \
-            if rerun else []
+        os.environ.update(TOKENS)
+        try:
+            graded = autograde(course, number, rerun, limits=LIMITS, cell_timeout=12).students \
+                if rerun else []
+        finally:
+            for name in TOKENS:
+                os.environ.pop(name, None)
         rest = [s for s in everyone if s not in rerun]
         report = autograde(course, number, rest, feedback_run=False, limits=LIMITS)
         report.students = sorted(graded + report.students, key=lambda g: g.student)
         reports[assignment] = report
-    feedback = write_feedback(course, "02")
+    os.environ.update(TOKENS)
+    try:
+        feedback = write_feedback(course, "02")
+    finally:
+        for name in TOKENS:
+            os.environ.pop(name, None)
     grades, by_exercise = export_grades(course)
     return {"expected": expected, "flagged": flagged, "reports": reports,
             "feedback": feedback, "grades": grades, "exercises": by_exercise,
@@ -381,6 +414,28 @@ def test_feedback_for_everyone_small_and_without_hidden_tests(course, scenario):
     assert "Points for this check" in honest and "Graded in a clean run" in honest
 
 
+def test_no_secret_reaches_a_page_and_a_forgery_concerns_its_writer(course, scenario):
+    """Trial v4 D1: the hub's tokens in autograde's environment reach no kernel, so neither the
+    autograded notebooks nor the feedback pages hold them. D4: the forger's records, written on
+    every file and pipe its kernel holds, land in its own report: it is flagged (for what it
+    wrote), the classmate it named is not."""
+    assignment = CHAPTERS["02"]
+    token = TOKENS["JPY_API_TOKEN"]
+    for folder in ("autograded", "feedback"):
+        for page in (course / folder).rglob("*"):
+            if page.is_file():
+                assert token not in page.read_text(errors="replace"), page
+    forger = _printed(course / "autograded" / "forger" / assignment / f"{assignment}.ipynb")
+    assert "PATH" in forger and "TOKEN" not in forger  # it printed its environment: no secret
+    flags = {(f["student"], f["exercise"]) for f in read_flags(course)
+             if f["assignment"] == assignment}
+    assert ("forger", "feedback run") in flags
+    assert not any(student == "honest_full" for student, _ in flags), flags
+    report = scenario["reports"][assignment]
+    honest = next(grade for grade in report.students if grade.student == "honest_full")
+    assert not honest.flags and not honest.problems, honest
+
+
 def test_a_rerun_never_undoes_a_flag_and_a_manual_score_wins(course, scenario):
     assignment = "02_dot_product_attention"
     instructor = nbformat.read(ROOT / "chapters" / f"{assignment}.ipynb", as_version=4)
@@ -467,7 +522,23 @@ def test_without_user_namespaces_every_class_earns_zero_and_harms_nobody(tmp_pat
                                        + exercises[0].solution}), "all-but-first",
                    {exercises[0].exercise}),
         **_v3_students(course, assignment, release, exercises, right, blank),
+        # trial v4 without the private view: forged records and the environment (D1, D4); a
+        # kernel that fills its scratch (D6: bounded, outside the course) and reaches for a
+        # Unix socket of the instructor's (D7)
+        "forger": (_notebook(release, right, prepend=[FORGER]), "all", set()),
+        "filler": (_notebook(release, right, append=[
+            "import socket\nclient = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+            f"client.connect({str(tmp_path / 'service.sock')!r})",
+            "import os, tempfile\nfor index in range(80):\n"
+            "    with open(os.path.join(tempfile.gettempdir(), f'fill-{index}'), 'wb') as f:\n"
+            "        f.write(b'x' * 2**22)\nimport time\ntime.sleep(20)"]), "all", set()),
     }
+    import socket
+
+    service = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    service.bind(str(tmp_path / "service.sock"))
+    service.listen(4)
+    service.setblocking(False)
     for student, (notebook, _, _) in students.items():
         folder = course / "submitted" / student / assignment
         folder.mkdir(parents=True)
@@ -478,6 +549,11 @@ def test_without_user_namespaces_every_class_earns_zero_and_harms_nobody(tmp_pat
     temporary.mkdir()
     run = _graded_without_user_namespaces(course, temporary, "autograde", "02", "--jobs", "2")
     assert run.returncode == 0, run.stdout + run.stderr
+    with pytest.raises(BlockingIOError):
+        service.accept()  # no kernel and no answer reached the instructor's service
+    service.close()
+    assert any("problem: nbgrader's feedback run: stopped: the notebook's scratch files passed "
+               "256 MB" in line for line in run.stdout.splitlines()), run.stdout
     # every kernel's and answer's private folder went with the run
     assert not list(temporary.glob("abk-*")), sorted(p.name for p in temporary.iterdir())
     isolation = next(line for line in run.stdout.splitlines() if "isolation of this run" in line)
@@ -495,7 +571,9 @@ def test_without_user_namespaces_every_class_earns_zero_and_harms_nobody(tmp_pat
     recorded = {(f["student"], f["exercise"]) for f in read_flags(course)}
     wanted = {(student, key) for student, (_, _, flags) in students.items() for key in flags}
     # the reader's answer cell runs again in nbgrader's feedback run, and is refused there too
-    assert recorded == wanted | {("mapper", "feedback run"), ("reader", "feedback run")}, recorded
+    assert recorded == wanted | {("mapper", "feedback run"), ("reader", "feedback run"),
+                                 ("forger", "feedback run")}, recorded
+    assert not any(student == "honest_full" for student, _ in recorded)
     mapper = _printed(course / "autograded" / "mapper" / assignment / f"{assignment}.ipynb")
     assert "mapping refused" in mapper and "MAPPED" not in mapper and "OPENED" not in mapper
     assert integrity.changed_files(fingerprint, integrity.fingerprint()) == []
@@ -513,6 +591,12 @@ def test_without_user_namespaces_every_class_earns_zero_and_harms_nobody(tmp_pat
     report = autograde(course, "02", ["victim"], feedback_run=False, limits=LIMITS, unsafe=True)
     assert not report.isolated and report.students[0].score == sum(e.points for e in exercises)
     assert any("UNPROTECTED" in line for line in grading.autograde_summary(report))
+    # after it, the package is refused until the instructor has reinstalled it (trial v4 D8),
+    # however unchanged it looks: the record stays until the instructor removes it
+    monkeypatch.undo()
+    with pytest.raises(integrity.PackageChanged, match="without kernel isolation"):
+        autograde(course, "02", ["victim"], feedback_run=False, limits=LIMITS)
+    monkeypatch.setattr(sandbox, "available_layers", lambda **kwargs: sandbox.Layers())
     _, by_exercise = export_grades(course)
     with by_exercise.open(encoding="utf-8") as handle:
         rows = [row for row in csv.DictReader(handle) if row["kind"] == "autograded"]

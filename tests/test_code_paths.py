@@ -1,4 +1,5 @@
-"""One more run of every chapter: another CPU code path, the practice version, the wheel.
+"""One more run of every chapter: another CPU code path, the practice version, the wheel, the
+sandboxed feedback kernel.
 
 The test command runs every kernel in the pinned numeric environment
 (``tools/numerics/pinned.env``, applied by the top-level ``conftest.py``), and strict nbval
@@ -25,6 +26,11 @@ run checks three things at once:
    this environment's site-packages; ``.pth`` files inside a folder added that way are not
    processed, so this environment's editable install of the package is not active there (the
    first injected cell asserts that the package comes from the fresh environment).
+4. **nbgrader's sandboxed feedback kernel.** The kernel is the one ``autograde`` gives nbgrader
+   (``attention_book.classroom.sandbox``, with the chapter's policy and every layer this
+   machine gives), so each chapter's solutions run once as an honest student's notebook runs
+   in a feedback run: no cell may fail, and its report must hold nothing but the layers it
+   entered (a refusal there would flag every honest student of the chapter).
 
 Each chapter's run is a group of its own for ``make test``'s two workers (top-level
 ``conftest.py``), and runs on one thread, so two run side by side.
@@ -236,19 +242,57 @@ def combined_notebook(chapter: Path, practice: Path):
     return notebook
 
 
+@pytest.fixture(scope="session")
+def sandbox_layers() -> str:
+    """The layers nbgrader's feedback kernel enters on this machine, as autograde asks for them."""
+    from attention_book.classroom import sandbox
+
+    layers = sandbox.available_layers()
+    assert layers.protected, "this machine gives the feedback kernel no kernel-enforced layer"
+    return layers.to_json()
+
+
+def _sandboxed_kernel(wheel_python: Path, chapter: Path, folder: Path, layers: str) -> Path:
+    """nbgrader's feedback kernel of the wheel's package, with the chapter's policy, as
+    autograde's kernel spec makes it, writing its report to ``folder/report.log``."""
+    from attention_book.classroom import sandbox
+
+    script = _run([wheel_python, "-c", "import attention_book.classroom.sandbox as s; "
+                   "print(s.__file__)"]).stdout.strip()
+    policy = sandbox.policy_for(int(chapter.name[:2]))
+    spec = folder / "jupyter" / "kernels" / "book-sandboxed"
+    spec.mkdir(parents=True)
+    scratch = folder / "scratch"
+    scratch.mkdir()
+    (folder / "report.log").touch()
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(wheel_python), "-P", script, "kernel", "-f", "{connection_file}"],
+        "display_name": "sandboxed", "language": "python",
+        "env": {"BOOK_SANDBOX_POLICY": json.dumps({"processes": policy.processes,
+                                                   "loopback_tcp": policy.loopback_tcp}),
+                "BOOK_SANDBOX_REQUIRE": layers,
+                "BOOK_SANDBOX_JAIL": "1" if json.loads(layers)["namespaces"] else "0",
+                "BOOK_SANDBOX_REPORT": str(folder / "report.log"), "TMPDIR": str(scratch),
+                "MPLBACKEND": os.environ["MPLBACKEND"]}}))
+    return folder / "jupyter"
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
 def test_chapter_under_another_code_path_from_the_wheel_with_its_practice_version(
-        chapter: Path, wheel_python: Path, tmp_path: Path) -> None:
-    """One run of the chapter checks the alternate code path, the practice notebook and the wheel."""
+        chapter: Path, wheel_python: Path, sandbox_layers: str, tmp_path: Path) -> None:
+    """One run of the chapter checks the alternate code path, the practice notebook, the wheel,
+    and nbgrader's sandboxed feedback kernel: an honest run of the chapter's solutions there
+    fails no cell and raises no flag (trial v4, D11)."""
     run = tmp_path / chapter.name
     nbformat.write(combined_notebook(chapter, PRACTICE / chapter.name), run)
+    kernels = _sandboxed_kernel(wheel_python, chapter, tmp_path / "kernel", sandbox_layers)
     result = subprocess.run(
-        [str(wheel_python), "-m", "pytest", "--nbval", "--nbval-current-env",
+        [str(wheel_python), "-m", "pytest", "--nbval", "--nbval-kernel-name=book-sandboxed",
          f"--nbval-sanitize-with={ROOT / 'tests' / 'nbval_sanitize.cfg'}",
          "-p", "no:cacheprovider", "-q", "--no-header", "-rf", f"--rootdir={tmp_path}",
          run.name],
-        cwd=tmp_path, env=_environment("alternate"), capture_output=True, text=True,
-        timeout=900)
+        cwd=tmp_path, env={**_environment("alternate"), "JUPYTER_PATH": str(kernels)},
+        capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     summary = "\n".join(line for line in output.splitlines()
                         if line.startswith(("FAILED", "ERROR")) or " passed" in line
@@ -256,4 +300,10 @@ def test_chapter_under_another_code_path_from_the_wheel_with_its_practice_versio
     assert result.returncode == 0, (
         f"{chapter.name}: the run under the alternate CPU code path "
         "(tools/numerics/alternate.env), from the wheel, with the practice version's cells "
-        f"(the cells marked '{INJECTED}'), failed:\n{summary}\n\n{output[-6000:]}")
+        f"(the cells marked '{INJECTED}'), in nbgrader's sandboxed kernel, failed:\n{summary}"
+        f"\n\n{output[-6000:]}")
+    report = (tmp_path / "kernel" / "report.log").read_text().splitlines()
+    assert any(line.startswith("layers: ") for line in report), report
+    assert [line for line in report if not line.startswith("layers: ")] == [], (
+        f"{chapter.name}: the sandboxed kernel refused or stopped something of an honest run "
+        "(an honest student would be flagged): " + "; ".join(report))

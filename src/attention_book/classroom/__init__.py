@@ -11,9 +11,13 @@ clone, and wraps the nbgrader commands that need the book's care:
   real cause printed when nbgrader refuses;
 - :mod:`.clean`, :mod:`.remote` and :mod:`.sandbox`: each exercise graded in clean
   processes (the answer cell alone, sandboxed, called from the trusted hidden tests);
+  :mod:`.scan`: what the grader reads in an answer's source before it runs (forbidden names,
+  reflection); :mod:`.processes`: every process of a run ends with it;
 - :mod:`.grading`: ``autograde`` (nbgrader's run for the feedback, the clean grade, flags
   that no rerun undoes) and ``export`` (only what was handed in, one row per exercise);
 - :mod:`.feedback`: feedback without hidden tests, package tracebacks or endless output;
+- :mod:`.sanitise`: what the formgrader and a feedback page show of a student's notebook,
+  with every output and written answer made inert;
 - :mod:`.hub`: the configuration of a JupyterHub course;
 - :mod:`.format` and :mod:`.leaks`: the exercise format and the leak check.
 

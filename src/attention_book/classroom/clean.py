@@ -47,7 +47,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import integrity, sandbox
+from . import integrity, sandbox, scan
 from .format import BEGIN_HIDDEN, END_HIDDEN, prompt_match
 from .handover import Describer, build, is_public
 from .remote import Channel, ChannelClosed, Exports, ProtocolError, Remote, count_seeds, serve_all
@@ -59,6 +59,9 @@ __all__ = ["Answer", "CellResult", "Exercise", "ExerciseResult", "GradeCell", "L
 _GRADE_ID = re.compile(r"^(?P<key>ch\d+-ex\d+)-")
 _OUTPUT_LIMIT = 20_000  # characters of a checker's printed feedback that are kept
 _SCRATCH = "/answer-scratch"  # an answer process's private temporary folder, inside its jail
+#: The most bytes an answer's scratch folder may hold (a tmpfs of this size in the jail;
+#: watched by the zygote without it).
+SCRATCH_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -423,84 +426,6 @@ class _Forbidden(Exception):
     """A forbidden function was called from the answer."""
 
 
-def _resolve(dotted: str):
-    import importlib
-
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            value = importlib.import_module(".".join(parts[:cut]))
-        except Exception:  # noqa: BLE001 - not a module: try a shorter prefix
-            continue
-        try:
-            for part in parts[cut:]:
-                value = getattr(value, part)
-        except AttributeError:
-            return None
-        return value
-    return None
-
-
-def _chain(node: ast.AST) -> list[str] | None:
-    names = []
-    while isinstance(node, ast.Attribute):
-        names.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        names.append(node.id)
-        return names[::-1]
-    return None
-
-
-def _static_findings(answer: str, namespace: dict, forbidden: dict[int, str],
-                     blocked: tuple[str, ...]) -> list[str]:
-    """Forbidden names an answer's source reaches, and imports of the grader's modules."""
-    try:
-        tree = ast.parse(answer)
-    except SyntaxError:
-        return []
-    findings: list[str] = []
-    method_names = {name.rsplit(".", 1)[-1]: name for name in forbidden.values()
-                    if name.split(".")[-2:-1] == ["Tensor"]}
-    local_modules: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                local_modules[alias.asname or alias.name.split(".")[0]] = \
-                    alias.name if alias.asname else alias.name.split(".")[0]
-                if alias.name.startswith(blocked):
-                    findings.append(f"imports {alias.name}, which a graded answer may not use")
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module.startswith(blocked):
-                findings.append(f"imports from {node.module}, which a graded answer may not use")
-            for alias in node.names:
-                value = _resolve(f"{node.module}.{alias.name}")
-                if value is not None and id(value) in forbidden:
-                    findings.append(f"imports {forbidden[id(value)]}")
-        elif isinstance(node, ast.Attribute):
-            chain = _chain(node)
-            if chain:
-                root = local_modules.get(chain[0])
-                value = None
-                if root is not None:
-                    value = _resolve(".".join([root, *chain[1:]]))
-                elif chain[0] in namespace:
-                    value = namespace[chain[0]]
-                    for part in chain[1:]:
-                        value = getattr(value, part, None)
-                if value is not None and id(value) in forbidden:
-                    findings.append(f"uses {forbidden[id(value)]}")
-                    continue
-            if (node.attr in method_names and isinstance(node.ctx, ast.Load)
-                    and not (chain and len(chain) == 2 and chain[0] in local_modules)):
-                findings.append(f"uses .{node.attr}(), that is {method_names[node.attr]}")
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            value = namespace.get(node.id)
-            if value is not None and id(value) in forbidden:
-                findings.append(f"uses {forbidden[id(value)]}")
-    return list(dict.fromkeys(findings))
-
-
 class _Watch:
     """Whose behalf the answer process works on, and the tripwires that ask it.
 
@@ -579,12 +504,16 @@ def _forbidden_operators(forbidden: dict[int, tuple[str, object]]) -> set[str]:
 
 
 def _install_tripwires(forbidden: dict[int, tuple[str, object]], namespace: dict,
-                       watch: _Watch, notify) -> None:
-    """Replace every reference to a forbidden object by one that refuses the answer."""
+                       watch: _Watch) -> None:
+    """Replace every reference to a forbidden object by one that refuses the answer.
+
+    An explanation, not the boundary: the grader has already read the source for forbidden
+    names and for the reflection that could reach one unnamed (:mod:`.scan`); a call that
+    gets here fails with a sentence that says why, and the check fails with it.
+    """
     def wrap(dotted: str, original):
         def tripwire(*args, **kwargs):
             if watch.answer_on_stack():
-                notify(f"calls {dotted}, which this exercise asks you not to use")
                 raise _Forbidden(f"{dotted} is not allowed in this exercise")
             return original(*args, **kwargs)
 
@@ -625,10 +554,8 @@ def _install_tripwires(forbidden: dict[int, tuple[str, object]], namespace: dict
                 if not hasattr(func, "overloadpacket"):
                     return func(*args, **(kwargs or {}))
                 if func.overloadpacket.__name__ in operators:
-                    notify(f"calls the operator {func.overloadpacket.__name__} (one of "
-                           f"{dotted}), which this exercise asks you not to use")
-                    raise _Forbidden(f"{func.overloadpacket.__name__} is not allowed in this "
-                                     "exercise")
+                    raise _Forbidden(f"the operator {func.overloadpacket.__name__} (one of "
+                                     f"{dotted}) is not allowed in this exercise")
                 return func(*args, **(kwargs or {}))
 
         watch.mode = _RefuseOperators()
@@ -683,7 +610,8 @@ def _enter_answer_sandbox(jail_root: str, limits: Limits, required: sandbox.Laye
             # folder); it vanishes with the process. It is not /tmp, so that a path under the
             # real /tmp (a course folder, say) is refused and reported, not just missing.
             sandbox.enter_jail(jail_root, [*roots, *sandbox.SYSTEM_LIBRARIES], hidden=hidden,
-                               scratch=_SCRATCH, scratch_megabytes=64, network=True)
+                               scratch=_SCRATCH, scratch_megabytes=SCRATCH_BYTES // 2**20,
+                               network=True)
             jailed = True
         except (sandbox.SandboxError, OSError):
             os._exit(3)
@@ -700,17 +628,17 @@ def _enter_answer_sandbox(jail_root: str, limits: Limits, required: sandbox.Laye
     contained = jailed or required.landlock > 0
     sandbox.limit_resources(memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds,
                             file_bytes=64 * 2**20 if contained else 0, open_files=256)
-    sandbox.neuter_native_file_access()
     # one thread: the dispatcher's refusal of forbidden operators holds in this thread only
     entered = sandbox.confine(roots, [scratch], hidden=hidden, network_namespace=jailed,
-                              kill=True, threads=False)
+                              kill=True, threads=False, sockets=False)
     if entered.landlock < required.landlock or (required.seccomp and not entered.seccomp):
         os._exit(3)
+    sandbox.keep_readable_path([*roots, *sandbox.SYSTEM_LIBRARIES])
     return roots, [scratch]
 
 
 def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
-                    required: sandbox.Layers, role: str = "answer") -> None:
+                    required: sandbox.Layers, role: str = "answer", report_fd: int = -1) -> None:
     """The body of an answer process, or of a subject process (never returns).
 
     An answer process runs one exercise's answer cell and serves the grader's calls on the
@@ -718,6 +646,10 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
     what a check hands over that the answer may use but not see inside (the subjects of a
     property test, a checker's test double) and lends it to the answer through its face
     (:mod:`.remote`); it may use the checkers, loaded before it enters the sandbox.
+
+    What its sandbox refuses is written to ``report_fd``, a pipe that only its grader reads,
+    with ``os.write`` taken before any student code runs: a report can only be about the
+    process that wrote it, and rebinding a module's functions cannot silence it.
     """
     sandbox.die_with_parent()  # the zygote's end (and so the grader's) ends it
     try:
@@ -727,9 +659,10 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
     devnull = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    keep = sock.fileno()
-    os.closerange(3, keep)
-    os.closerange(keep + 1, 65536)
+    keep = sorted({sock.fileno(), report_fd} - {-1})
+    os.closerange(3, keep[0])
+    for low, high in zip(keep, [*keep[1:], 65536], strict=True):
+        os.closerange(low + 1, high)
     import torch
 
     torch.set_num_threads(1)
@@ -750,12 +683,13 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
     channel = Channel(sock, trusted=False, strict=subject, exports=exports, builder=builder)
     channels = [channel]
     watch = _Watch(exports, "<answer>")
-
-    def notify(text: str) -> None:
-        channel.notify({"kind": "forbidden", "text": text})
+    write, budget = os.write, [64 * 1024]
 
     def report(event: str, detail: str) -> None:
-        channel.notify({"kind": "sandbox", "event": event, "detail": detail[:300]})
+        line = f"{event}\t{detail}"[:400].replace("\n", " ").encode(errors="replace") + b"\n"
+        if report_fd >= 0 and budget[0] >= len(line):
+            budget[0] -= len(line)
+            write(report_fd, line)
 
     def peer(message: dict):
         """Take the socket to the third process (the subject process, or the answer's)."""
@@ -780,23 +714,20 @@ def _answer_process(sock: socket.socket, limits: Limits, jail_root: str,
                         skip_expressions=False)
         forbidden = {}
         for name in message.get("forbidden", []):
-            value = _resolve(str(name))
+            value = scan.resolve_loaded(str(name), importing=True)
             if value is not None:
                 forbidden[id(value)] = (str(name), value)
         answer = str(message.get("answer", ""))
         filename = str(message.get("filename", "<answer>"))
         watch.files.add(filename)
-        findings = _static_findings(answer, namespace,
-                                    {key: name for key, (name, _) in forbidden.items()},
-                                    ("attention_book.exercises", "attention_book.classroom"))
-        _install_tripwires(forbidden, namespace, watch, notify)
+        _install_tripwires(forbidden, namespace, watch)
         if "flex_attention" in answer:  # torch.compile traces nothing under a dispatch mode:
             watch.mode = None  # for FlexAttention the Python-level tripwires alone refuse
         watch.enter()  # the answer cell runs on the answer's behalf
         _run_statements(answer, filename, namespace, notes, skip_expressions=True)
         state["namespace"] = namespace
         return {"defined": [name for name in message.get("names", []) if name in namespace],
-                "notes": notes, "static": findings, "jailed": jailed}
+                "notes": notes, "jailed": jailed}
 
     state: dict = {"namespace": None}
 
@@ -965,9 +896,9 @@ class _Handover:
             return self.channel.request("build", description=description)
         return self._subject().request("build", description=description)
 
-    def notices(self) -> list[dict]:
-        """What the subject process reported (a refusal of its sandbox)."""
-        return self.subject_channel.notices if self.subject_channel is not None else []
+    def refused(self) -> list[tuple[str, str]]:
+        """What the subject process's sandbox refused (known once :meth:`close` ran)."""
+        return self.worker.refused if self.worker is not None else []
 
     def close(self) -> None:
         """Stop the subject process."""
@@ -977,10 +908,13 @@ class _Handover:
 
 
 class _Worker:
-    """One answer process, as its grader sees it: a socket to it and the zygote's word on it."""
+    """One answer process, as its grader sees it: a socket to it, the zygote's word on it, and
+    the pipe on which its sandbox reports what it refused."""
 
-    def __init__(self, pid: int, sock: socket.socket, status: socket.socket):
-        self.pid, self.sock, self.status = pid, sock, status
+    def __init__(self, pid: int, sock: socket.socket, status: socket.socket, reports: int):
+        self.pid, self.sock, self.status, self.reports = pid, sock, status, reports
+        self.refused: list[tuple[str, str]] = []  # (event, detail), read once it has ended
+        self.disk = False  # the zygote ended it for its scratch files
 
     def stop(self) -> int | None:
         """End the answer process (the zygote kills it) and return its wait status."""
@@ -991,6 +925,19 @@ class _Worker:
                 pass
         line = _read_line(self.status, 30.0)
         self.status.close()
+        data = b""
+        os.set_blocking(self.reports, False)
+        with contextlib.suppress(OSError):
+            while len(data) < 64 * 1024:
+                chunk = os.read(self.reports, 65536)
+                if not chunk:
+                    break
+                data += chunk
+        os.close(self.reports)
+        for raw in data.splitlines()[:100]:
+            event, _, detail = raw.decode(errors="replace").partition("\t")
+            self.refused.append((event[:80], detail[:300]))
+        self.disk = line.endswith(" disk")
         return int(line.split()[1]) if line.startswith("exit ") else None
 
 
@@ -1012,15 +959,20 @@ def _spawn(control: socket.socket, limits: Limits, role: str = "answer") -> _Wor
     """Ask the zygote for a fresh answer process (or subject process: ``role="subject"``)."""
     parent, child = socket.socketpair()
     status, status_child = socket.socketpair()
-    socket.send_fds(control, [f"spawn {limits.seconds + 30:g} {role}".encode()],
-                    [child.fileno(), status_child.fileno()])
-    child.close()
-    status_child.close()
+    reports, report_end = os.pipe()
+    try:
+        socket.send_fds(control, [f"spawn {limits.seconds + 30:g} {role}".encode()],
+                        [child.fileno(), status_child.fileno(), report_end])
+    finally:
+        child.close()
+        status_child.close()
+        os.close(report_end)
     line = _read_line(status, 60.0)
     if not line.startswith("pid "):
+        os.close(reports)
         raise ChannelClosed("the zygote did not start an answer process")
     status.settimeout(None)
-    return _Worker(int(line.split()[1]), parent, status)
+    return _Worker(int(line.split()[1]), parent, status, reports)
 
 
 def _zygote(control: socket.socket, limits: Limits,
@@ -1029,10 +981,14 @@ def _zygote(control: socket.socket, limits: Limits,
 
     It is forked from the grading template before the checkers and the hidden tests are
     loaded, so no answer process can find them in its memory; it never runs student code.
+    Without the private view an answer's scratch folder is a plain folder: the zygote
+    watches its size and ends the answer past :data:`SCRATCH_BYTES` (``exit … disk``).
     """
     import select
     import shutil
 
+    watch_disk = not required.namespaces
+    over: set[int] = set()  # answers ended for their scratch files
     children: dict[int, tuple[socket.socket, str, float]] = {}
     streams: dict[int, int] = {}  # status socket fd -> answer pid
     ended, wakeup = os.pipe()  # a child's end wakes the loop at once
@@ -1043,6 +999,8 @@ def _zygote(control: socket.socket, limits: Limits,
         while True:
             soonest = min((deadline for _, _, deadline in children.values()), default=None)
             wait = 5.0 if soonest is None else max(0.0, min(5.0, soonest - time.monotonic()))
+            if watch_disk and children:
+                wait = min(wait, 0.2)
             ready, _, _ = select.select([control, ended, *(children[p][0] for p in children)],
                                         [], [], wait)
             for sock in ready:
@@ -1050,10 +1008,10 @@ def _zygote(control: socket.socket, limits: Limits,
                     with contextlib.suppress(OSError):
                         os.read(ended, 4096)
                 elif sock is control:
-                    message, fds, _, _ = socket.recv_fds(control, 256, 2)
+                    message, fds, _, _ = socket.recv_fds(control, 256, 3)
                     if not message:
                         raise SystemExit
-                    if len(fds) != 2 or not message.startswith(b"spawn "):
+                    if len(fds) != 3 or not message.startswith(b"spawn "):
                         for fd in fds:
                             os.close(fd)
                         continue
@@ -1068,8 +1026,9 @@ def _zygote(control: socket.socket, limits: Limits,
                         os.close(fds[1])
                         role = "subject" if message.split()[2:] == [b"subject"] else "answer"
                         _answer_process(socket.socket(fileno=fds[0]), limits, root, required,
-                                        role)
+                                        role, fds[2])
                     os.close(fds[0])
+                    os.close(fds[2])
                     status = socket.socket(fileno=fds[1])
                     seconds = float(message.split()[1])
                     children[pid] = (status, root, time.monotonic() + seconds)
@@ -1087,8 +1046,11 @@ def _zygote(control: socket.socket, limits: Limits,
                     if pid is not None:
                         _kill(pid)
             now = time.monotonic()
-            for pid, (_, _, deadline) in list(children.items()):
+            for pid, (_, root, deadline) in list(children.items()):
                 if now > deadline:
+                    _kill(pid)
+                elif watch_disk and sandbox.folder_bytes(root) > SCRATCH_BYTES:
+                    over.add(pid)
                     _kill(pid)
             while children:
                 try:
@@ -1101,9 +1063,11 @@ def _zygote(control: socket.socket, limits: Limits,
                     status, root, _ = children.pop(pid)
                     streams.pop(status.fileno(), None)
                     try:
-                        status.sendall(f"exit {wait_status}\n".encode())
+                        end = " disk" if pid in over else ""
+                        status.sendall(f"exit {wait_status}{end}\n".encode())
                     except OSError:
                         pass
+                    over.discard(pid)
                     status.close()
                     shutil.rmtree(root, ignore_errors=True)
     finally:
@@ -1120,19 +1084,28 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _after_exit(result: ExerciseResult, wait_status: int | None) -> None:
-    """What the end of an answer process adds: a flag for a system call the kernel refused."""
-    if wait_status is None:
-        return
-    if os.WIFSIGNALED(wait_status) and os.WTERMSIG(wait_status) == signal.SIGSYS:
+def _after_exit(result: ExerciseResult, worker: _Worker, wait_status: int | None) -> None:
+    """What the end of an answer process adds: its sandbox's reports, a system call the kernel
+    refused, scratch files past their bound."""
+    for event, detail in worker.refused:
+        result.flags.append(f"your answer tried {event} {detail}".strip()
+                            + ", which graded code may not do")
+    if wait_status is not None and os.WIFSIGNALED(wait_status) \
+            and os.WTERMSIG(wait_status) == signal.SIGSYS:
         result.flags.append("your answer made a system call that graded code may not make (a "
-                            "network socket, a new process, a writable shared file mapping, "
-                            "another process's memory, …), and the kernel stopped it")
-    elif os.WIFEXITED(wait_status) and os.WEXITSTATUS(wait_status) == 3:
+                            "socket, a new process, a writable shared file mapping, another "
+                            "process's memory, …), and the kernel stopped it")
+    elif wait_status is not None and os.WIFEXITED(wait_status) \
+            and os.WEXITSTATUS(wait_status) == 3:
         result.cause = ("This exercise could not be graded: its process could not enter the "
                         "sandbox this run promised; tell your instructor.")
         return
-    else:
+    elif worker.disk:
+        for cell in result.cells:
+            cell.passed = False
+        result.cause = (f"Your answer wrote more than {SCRATCH_BYTES // 2**20} MB of scratch "
+                        "files, and its process was ended.")
+    if not result.flags:
         return
     for cell in result.cells:
         cell.passed = False
@@ -1168,7 +1141,6 @@ def _grade_exercise(exercise: Exercise, answer: Answer, preamble: str,
                                  filename=filename, names=list(exercise.names),
                                  forbidden=list(exercise.forbidden))
         result.notes += [f"your answer cell {note}" for note in report.get("notes", [])][:10]
-        result.flags += [f"your answer {text}" for text in report.get("static", [])]
         missing = [name for name in exercise.names if name not in report.get("defined", [])]
         if missing:
             result.cause = (f"Your answer cell does not define {', '.join(missing)} when it runs "
@@ -1206,13 +1178,9 @@ def _grade_exercise(exercise: Exercise, answer: Answer, preamble: str,
     ended = channel.broken
     if expired and ended is None:
         ended = TimeoutError("the time for this exercise is up")
-    for notice in [*channel.notices, *handover.notices()]:
-        if notice.get("kind") == "forbidden":
-            result.flags.append(f"your answer {str(notice.get('text', ''))[:300]}")
-        elif notice.get("kind") == "sandbox":
-            result.flags.append(
-                f"your answer tried {notice.get('event', '')} {notice.get('detail', '')}".strip()
-                + ", which graded code may not do")
+    for event, detail in handover.refused():
+        result.flags.append(f"a check's object, used by your answer, was refused {event} "
+                            f"{detail}".strip())
     result.flags = list(dict.fromkeys(result.flags))
     if ended is not None:
         for cell_result in result.cells:
@@ -1462,15 +1430,38 @@ def _grade_student(student: dict, control: socket.socket, limits: Limits) -> lis
         if answer.problem or answer.source is None:
             results.append(_grade_exercise(exercise, answer, "", None, limits))
             continue
+        findings = _read_source(exercise, answer.source, item["preamble"])
+        if findings:  # nothing of it runs: the source alone is the evidence
+            result = ExerciseResult(exercise.key, exercise.title,
+                                    [CellResult(c.grade_id, c.points) for c in exercise.grade_cells],
+                                    flags=[f"your answer {text}" for text in findings])
+            result.cause = "Not counted: " + "; ".join(result.flags[:3]) + "."
+            results.append(result)
+            continue
         worker = _spawn(control, limits)
         try:
             result = _grade_exercise(exercise, answer, item["preamble"], worker, limits,
                                      spawn=lambda: _spawn(control, limits, "subject"))
         finally:
             wait_status = worker.stop()
-        _after_exit(result, wait_status)
+        _after_exit(result, worker, wait_status)
         results.append(result)
     return [asdict(result) for result in results]
+
+
+def _read_source(exercise: Exercise, source: str, preamble: str) -> list[str]:
+    """What the grader finds in an answer's source before it runs (:mod:`.scan`)."""
+    namespace = scan.namespace_of(preamble)
+    forbidden = {}
+    for name in exercise.forbidden:
+        value = scan.resolve_loaded(name)
+        if value is not None:
+            forbidden[id(value)] = name
+    findings = scan.forbidden_findings(source, namespace, forbidden, (
+        "attention_book.exercises", "attention_book.classroom"))
+    findings += [f"{text} (reflection, which a graded answer may not use: name what you use)"
+                 for text in scan.reflection_findings(source)]
+    return list(dict.fromkeys(findings))
 
 
 def _results(items: list[dict]) -> list[ExerciseResult]:
@@ -1575,11 +1566,14 @@ def grade_many(requests: list[tuple[object, dict[str, object]]], *,
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False, encoding="utf-8") as handle:
         handle.write("\n".join(dict.fromkeys(all_imports)))
         imports_file = handle.name
-    # -P: the working folder is not on the path (PYTHONPATH still is, as the grader has it)
-    command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-m",
-               "attention_book.classroom.clean", "--imports-file",
-               imports_file, "--limits", json.dumps(asdict(limits)), "--layers",
-               layers.to_json(), "--jobs", str(jobs)]
+    # -P: the working folder is not on the path (PYTHONPATH still is, as the grader has it);
+    # no bytecode cache of the package runs in the grader (integrity.SOURCE_ONLY)
+    start = integrity.SOURCE_ONLY + (
+        "import sys\nfrom attention_book.classroom.clean import _runner\n"
+        "sys.exit(_runner(sys.argv[1:]))\n")
+    command = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-c", start,
+               "--imports-file", imports_file, "--limits", json.dumps(asdict(limits)),
+               "--layers", layers.to_json(), "--jobs", str(jobs)]
     env = dict(os.environ)  # the grader's own environment (each answer process clears it)
     env.update({"PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"})

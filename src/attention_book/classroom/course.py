@@ -55,6 +55,11 @@ c.GenerateFeedback.preprocessors = [
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
     "attention_book.classroom.feedback.StudentFeedback",
 ]
+# A submission is untrusted HTML: the book makes autograded notebooks inert (text and images
+# only, markdown escaped; attention_book.classroom.sanitise), and nbconvert's sanitiser cleans
+# any HTML output left in one that did not pass through the book. On a hub, put this line in
+# ~/.jupyter/nbgrader_config.py too: the formgrader reads that file, not this one.
+c.HTMLExporter.sanitize_html = True
 '''
 
 _INSTRUCTOR_CONFIG_TEXT = f'''\

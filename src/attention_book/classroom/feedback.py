@@ -13,6 +13,9 @@ config adds to ``GenerateFeedback.preprocessors``, fixes each of those:
   exception, without repeating a message the cell already printed;
 - absolute paths in error and stream outputs are shortened to the file's name;
 - an answer that still raises ``NotImplementedError`` reads "not answered yet";
+- outputs are reduced to text and images, and markdown (the student's and the comments
+  under each answer) to inert HTML (:mod:`.sanitise`), so nothing the student wrote or their
+  code displayed runs as a script in the page;
 - a figure gets the alt text the book stores in its cell metadata (``mystnb.image.alt``);
 - printed output is capped (:data:`OUTPUT_CHARACTERS` an output), so a 50 MB print cannot
   make a 50 MB page;
@@ -40,6 +43,7 @@ from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
 from .format import BEGIN_HIDDEN, END_HIDDEN, exercise_of
+from .sanitise import inert_notebook
 
 OUTPUT_CHARACTERS = 10_000
 
@@ -121,6 +125,10 @@ class StudentFeedback(Preprocessor):
         Returns:
             ``(nb, resources)``.
         """
+        # Everything shown is the student's: outputs become text and images, markdown and
+        # the comments under each answer inert HTML (the autograded notebook already is;
+        # this holds for one made by plain nbgrader too).
+        inert_notebook(nb)
         self._hidden_by_count = {}
         for cell in nb.cells:
             if cell.cell_type == "code" and cell.get("execution_count") is not None:

@@ -25,10 +25,12 @@ named), in steps that never stop for one student's sake:
    end: a change stops the run with the files named, and the next run refuses a package
    that changed after a run without kernel isolation.
 
-Printed output in the autograded notebooks is capped (a 50 MB print stays a few lines)
-and any output that repeats a hidden test is removed. ``grading/summary-<assignment>.csv``
-lists every exercise of every student with its score, cause, flags and the isolation of the
-run that graded it.
+The autograded notebooks, which the formgrader and the feedback pages show, are made inert
+(:mod:`.sanitise`: text and images only, markdown escaped); printed output in them is capped
+(a 50 MB print stays a few lines) and any output that repeats a hidden test is removed.
+``grading/summary-<assignment>.csv`` lists every exercise of every student with its score,
+cause, flags, the isolation of the run that graded it, the score of record in the gradebook
+and every manual score.
 
 :func:`export_grades` writes nbgrader's ``grades.csv`` for the assignments that students
 have handed in and ``exercises.csv`` with one row per student and exercise (with the
@@ -53,7 +55,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import integrity, sandbox
+from . import integrity, processes, sandbox
 from .clean import (
     CellResult,
     ExerciseResult,
@@ -65,13 +67,12 @@ from .clean import (
 from .course import course_folder, known_assignments, resolve_assignment, run_nbgrader
 from .feedback import shorten_paths
 from .format import BEGIN_HIDDEN, END_HIDDEN, chapter_number, exercise_of
+from .sanitise import inert_notebook
 
 GRADING = "grading"  # the book's folder inside the course
 KERNEL_NAME = "attention-book-grading"
 OUTPUT_CHARACTERS = 10_000  # per output of an autograded notebook
 NOTEBOOK_OUTPUT_CHARACTERS = 200_000
-_FAILED_BLOCK = re.compile(r"There was an error processing assignment: (?P<path>[^\n]+)")
-_SANDBOX_LINE = re.compile(r"^\[sandbox\] (?P<kind>refused|stopped): (?P<text>.*)$", re.M)
 FEEDBACK_RUN = "feedback run"  # the "exercise" of a flag raised in nbgrader's feedback run
 UNSAFE_OPTION = "--unsafe-no-isolation"
 __all__ = ["AutogradeReport", "StudentGrade", "autograde", "autograde_summary", "bound_outputs",
@@ -81,6 +82,35 @@ __all__ = ["AutogradeReport", "StudentGrade", "autograde", "autograde_summary", 
 
 def _db_url(course: Path) -> str:
     return f"sqlite:///{course / 'gradebook.db'}"
+
+
+@dataclass(frozen=True)
+class RecordedScore:
+    """One grade cell of a student's notebook as the gradebook holds it.
+
+    Args:
+        grade_id: the cell's grade id.
+        kind: ``"autograded"`` (a code cell) or ``"written"``.
+        auto: the automatic score, or None.
+        manual: the instructor's manual score, or None.
+        extra: extra credit, or None.
+        max_score: the cell's points.
+    """
+
+    grade_id: str
+    kind: str
+    auto: float | None
+    manual: float | None
+    extra: float | None
+    max_score: float
+
+    @property
+    def score(self) -> float:
+        """The score of record, as nbgrader counts it (``Grade.score``): the manual score
+        where there is one, else the automatic one, plus extra credit."""
+        if self.manual is None and self.auto is None:
+            return 0.0
+        return (self.manual if self.manual is not None else self.auto) + (self.extra or 0.0)
 
 
 @dataclass
@@ -97,6 +127,8 @@ class StudentGrade:
         kept_manual: grade ids that are flagged or failed but keep the instructor's manual
             score.
         reverted: manual scores that appeared during the run and were put back.
+        recorded: every grade cell of the notebook as the gradebook holds it at the end of
+            the run (what counts: a manual score wins), read by :func:`_write_summary`.
     """
 
     student: str
@@ -106,6 +138,7 @@ class StudentGrade:
     flags: dict[str, list[str]] = field(default_factory=dict)
     kept_manual: list[str] = field(default_factory=list)
     reverted: list[str] = field(default_factory=list)
+    recorded: list[RecordedScore] = field(default_factory=list)
 
     @property
     def score(self) -> float:
@@ -126,6 +159,8 @@ class AutogradeReport:
         seconds: wall-clock time of the whole run.
         layers: the sandbox layers of the run.
         jobs: students graded at once.
+        problems: what concerns the run rather than one student (processes of nbgrader's
+            feedback run that no kernel accounts for, which were ended).
     """
 
     assignment: str
@@ -135,6 +170,7 @@ class AutogradeReport:
     seconds: float
     layers: sandbox.Layers = field(default_factory=sandbox.Layers)
     jobs: int = 1
+    problems: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- the course
@@ -238,29 +274,18 @@ def _stage(run: Path, assignment: str, notebooks: dict[str, Path], source: dict,
     return [(folder, members) for folder, members in staged if members]
 
 
-def _sections(log: str, staged: Path) -> dict[str, str]:
-    """Each student's part of an nbgrader autograde log (from their "Sanitizing" line on)."""
-    marker = re.compile(r"\[AutogradeApp \| INFO\] Sanitizing (?P<path>\S+)")
-    starts = [(m.start(), Path(m["path"]).relative_to(staged).parts[0])
-              for m in marker.finditer(log) if Path(m["path"]).is_relative_to(staged)]
-    sections: dict[str, str] = {}
-    for index, (start, student) in enumerate(starts):
-        end = starts[index + 1][0] if index + 1 < len(starts) else len(log)
-        sections[student] = sections.get(student, "") + log[start:end]
-    return sections
-
-
-def _kernel_spec(run: Path, assignment: str, layers: sandbox.Layers) -> Path:
+def _kernel_spec(course: Path, run: Path, assignment: str, layers: sandbox.Layers,
+                 scratch: Path, reports: Path) -> Path:
     """The sandboxed kernel of this run, in a folder to put on ``JUPYTER_PATH``.
 
-    Its environment names the chapter's policy (:data:`.sandbox.POLICIES`) and the layers
-    the run promised: a kernel that cannot enter them stops before any cell runs.
+    Its environment names the chapter's policy (:data:`.sandbox.POLICIES`), the layers the
+    run promised (a kernel that cannot enter them stops before any cell runs), the folder of
+    per-student reports (each kernel writes to its own student's, :func:`.sandbox._open_report`)
+    and, as ``TMPDIR``, the run's scratch folder outside the course, which autograde removes.
     """
     folder = run / "jupyter"
     spec = folder / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
-    temporary = run / "kernel-tmp"
-    temporary.mkdir(mode=0o700, exist_ok=True)
     try:
         chapter = chapter_number(f"{assignment}.ipynb")
     except (ValueError, TypeError):
@@ -272,9 +297,9 @@ def _kernel_spec(run: Path, assignment: str, layers: sandbox.Layers) -> Path:
                                               "loopback_tcp": policy.loopback_tcp}),
            "BOOK_SANDBOX_REQUIRE": layers.to_json(),
            "BOOK_SANDBOX_JAIL": "1" if layers.namespaces else "0",
-           # The kernel's private folders (its jail's root, or its scratch without the jail)
-           # go inside this run, which autograde removes: none is left behind in /tmp.
-           "TMPDIR": str(temporary)}
+           "BOOK_SANDBOX_REPORTS": str(reports),
+           "BOOK_SANDBOX_STUDENTS": str(course / "autograded"),
+           "TMPDIR": str(scratch)}
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
                  sandbox.__file__, "kernel", "-f", "{connection_file}"],
@@ -285,77 +310,145 @@ def _kernel_spec(run: Path, assignment: str, layers: sandbox.Layers) -> Path:
     return folder
 
 
+@dataclass
+class _FeedbackRun:
+    """What nbgrader's feedback run found, each part attributed by a fact, never by its log.
+
+    Args:
+        failures: students without a feedback notebook, with the cause.
+        reports: the lines of each student's own report (refusals, stops, processes ended):
+            written by that student's kernel and by the process that started it, and by
+            nothing else.
+        problems: what concerns the run, not one student (processes left behind that no
+            kernel's report accounts for).
+    """
+
+    failures: dict[str, str] = field(default_factory=dict)
+    reports: dict[str, list[str]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
 def _nbgrader_feedback_run(course: Path, assignment: str, run: Path,
                            groups: list[tuple[Path, list[str]]], layers: sandbox.Layers,
-                           cell_timeout: int, timeout: float
-                           ) -> tuple[dict[str, str], dict[str, list[str]]]:
+                           cell_timeout: int, timeout: float) -> _FeedbackRun:
     """nbgrader autograde of the staged notebooks in the sandboxed kernel, one nbgrader
     process per group, the groups at once.
 
-    Returns:
-        ``(failures, refusals)``: the students whose run failed, with the cause, and what
-        the sandbox refused in each student's kernel.
+    Each nbgrader runs under a supervisor (:mod:`.processes`) that waits for nbgrader's exit,
+    ends it past ``timeout``, and ends every process left below it; nbgrader's output goes to
+    a file, so no process a student's code leaves behind can hold the run up.
     """
-    if not groups:
-        return {}, {}
-    jupyter = _kernel_spec(run, assignment, layers)
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["JUPYTER_PATH"] = os.pathsep.join([str(jupyter), env.get("JUPYTER_PATH", "")]).rstrip(
-        os.pathsep)
-    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    env["OMP_NUM_THREADS"] = "1" if len(groups) > 1 else env.get("OMP_NUM_THREADS", "")
-    if not env["OMP_NUM_THREADS"]:
-        del env["OMP_NUM_THREADS"]
-    processes = []
-    for staged, _ in groups:
-        command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force",
-                   f"--CourseDirectory.submitted_directory={staged.relative_to(course)}",
-                   f"--Execute.kernel_name={KERNEL_NAME}", f"--Execute.timeout={cell_timeout}",
-                   "--Execute.interrupt_on_timeout=True",
-                   "--Execute.raise_on_iopub_timeout=False"]
-        processes.append(subprocess.Popen(command, cwd=course, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
-    deadline = time.monotonic() + timeout
-    logs, failures, refusals = [], {}, {}
-    from .course import nbgrader_errors
+    import tempfile
 
-    for (staged, students), process in zip(groups, processes, strict=True):
-        try:
-            log, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            log, _ = process.communicate()
-            for student in students:
-                if not (course / "autograded" / student / assignment).exists():
-                    failures[student] = (f"nbgrader's feedback run was stopped after "
-                                         f"{timeout:g} s before it reached this notebook")
-        logs.append(log or "")
-        for student, section in _sections(log or "", staged).items():
-            for match in _SANDBOX_LINE.finditer(section):
-                refusals.setdefault(student, []).append(
-                    f"{match['kind']}: {shorten_paths(match['text'])[:200]}")
-            causes = [c for c in nbgrader_errors(section)
-                      if "error processing" not in c.lower() and "see the" not in c.lower()
-                      and "traceback" not in c.lower() and "interrupting kernel" not in c.lower()
-                      and "subprocesses termination" not in c.lower()]
-            if _FAILED_BLOCK.search(section):
-                failures[student] = ("nbgrader's feedback run failed"
-                                     + (f": {causes[-1][:300]}" if causes else ""))
-            elif causes:
-                failures[student] = ("nbgrader's feedback run was interrupted: "
-                                     + "; ".join(dict.fromkeys(c[:200] for c in causes)))
+    found = _FeedbackRun()
+    if not groups:
+        return found
+    reports = run / "reports"
+    reports.mkdir(parents=True)
+    for _, students in groups:
         for student in students:
-            if student not in failures and not any(
-                    (course / "autograded" / student / assignment).glob("*.ipynb")):
-                causes = nbgrader_errors(log or "")
-                failures[student] = ("nbgrader's feedback run made no notebook"
-                                     + (f": {causes[-1][:300]}" if causes else "")
-                                     + f" (whole log: logs/autograde-{assignment}.log)")
-    (course / "logs").mkdir(exist_ok=True)
-    (course / "logs" / f"autograde-{assignment}.log").write_text("\n".join(logs),
-                                                                 encoding="utf-8")
-    return failures, refusals
+            (reports / f"{student}.log").touch(mode=0o600)
+    scratch = Path(tempfile.mkdtemp(prefix="abk-run-"))  # the kernels' scratch: not the course's disk
+    try:
+        jupyter = _kernel_spec(course, run, assignment, layers, scratch, reports)
+        env = dict(os.environ)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env["JUPYTER_PATH"] = os.pathsep.join([str(jupyter), env.get("JUPYTER_PATH", "")]
+                                              ).rstrip(os.pathsep)
+        env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        env["OMP_NUM_THREADS"] = "1" if len(groups) > 1 else env.get("OMP_NUM_THREADS", "")
+        if not env["OMP_NUM_THREADS"]:
+            del env["OMP_NUM_THREADS"]
+        supervisors = []
+        for index, (staged, _) in enumerate(groups):
+            command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--force",
+                       f"--CourseDirectory.submitted_directory={staged.relative_to(course)}",
+                       f"--Execute.kernel_name={KERNEL_NAME}", f"--Execute.timeout={cell_timeout}",
+                       "--Execute.interrupt_on_timeout=True",
+                       "--Execute.raise_on_iopub_timeout=False"]
+            log, result = run / f"nbgrader-{index}.log", run / f"nbgrader-{index}.json"
+            supervisors.append((subprocess.Popen(  # a script: no import of the package, no cache
+                [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []),
+                 processes.__file__, "--timeout",
+                 f"{timeout:g}", "--output", str(log), "--result", str(result), "--", *command],
+                cwd=course, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL), log, result))
+        logs = []
+        for (_, students), (supervisor, log, result) in zip(groups, supervisors,
+                                                                  strict=True):
+            try:
+                supervisor.wait(timeout=timeout + 120)
+            except subprocess.TimeoutExpired:
+                supervisor.terminate()  # it ends nbgrader and everything below it
+                supervisor.wait()
+            try:
+                outcome = json.loads(result.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                outcome = {"status": None, "timed_out": True, "left_behind": 0}
+            try:
+                logs.append(log.read_text(encoding="utf-8", errors="replace"))
+            except OSError:
+                logs.append("")
+            explained = 0
+            for student in students:
+                lines = _report_lines(reports / f"{student}.log")
+                found.reports[student] = lines
+                explained += sum(_ended_count(line) for line in lines)
+                made = sorted((course / "autograded" / student / assignment).glob("*.ipynb"))
+                if made:
+                    if _interrupted(made[0]):  # the student's own notebook: theirs alone
+                        found.failures[student] = (
+                            f"nbgrader's feedback run stopped a cell after its {cell_timeout} s "
+                            "(an endless loop, or a very slow step); the cells after it ran")
+                    continue
+                stops = [line.removeprefix("stopped: ") for line in lines
+                         if line.startswith("stopped: ")]
+                if outcome.get("timed_out") and not stops:
+                    found.failures[student] = (f"nbgrader's feedback run was stopped after "
+                                               f"{timeout:g} s before it finished this notebook")
+                else:  # a stop in the kernel's report is named on a line of its own
+                    found.failures[student] = (
+                        "nbgrader's feedback run made no notebook"
+                        + ("" if stops else f" (nbgrader's log: logs/autograde-{assignment}.log)"))
+            unexplained = int(outcome.get("left_behind") or 0) - explained
+            if unexplained > 0:
+                found.problems.append(
+                    f"{unexplained} process(es) were still running when nbgrader's run of "
+                    f"{', '.join(students)} ended; they were ended (no kernel's report names "
+                    "them)")
+        (course / "logs").mkdir(exist_ok=True)
+        (course / "logs" / f"autograde-{assignment}.log").write_text("\n".join(logs),
+                                                                     encoding="utf-8")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return found
+
+
+def _interrupted(path: Path) -> bool:
+    """Whether nbgrader's run interrupted a cell of this notebook (its time was up)."""
+    try:
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return any(isinstance(output, dict) and output.get("ename") == "KeyboardInterrupt"
+               for cell in notebook.get("cells", []) if isinstance(cell, dict)
+               for output in cell.get("outputs", []) or [])
+
+
+def _report_lines(path: Path) -> list[str]:
+    """A student's report: its lines, cut to a reasonable size (a student writes it too)."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(64 * 1024)
+    except OSError:
+        return []
+    return [shorten_paths(line.decode(errors="replace"))[:300]
+            for line in data.splitlines()[:200] if line.strip()]
+
+
+def _ended_count(line: str) -> int:
+    match = re.match(r"ended: (\d+) process", line)
+    return int(match[1]) if match else 0
 
 
 # --------------------------------------------------------------------------- outputs
@@ -379,7 +472,12 @@ def _hidden_lines(source: dict) -> list[str]:
 
 
 def bound_outputs(notebook: dict, hidden_lines: list[str]) -> dict:
-    """Cap printed output and drop any output that repeats a hidden test line.
+    """Make a notebook inert, cap printed output and drop any output that repeats a hidden
+    test line.
+
+    The notebook is first reduced to what cannot act when shown as HTML
+    (:func:`.sanitise.inert_notebook`: text and images only, markdown escaped, no widget
+    state), since the formgrader shows it on the instructor's origin.
 
     Args:
         notebook: a notebook as a dict (changed in place and returned).
@@ -388,6 +486,7 @@ def bound_outputs(notebook: dict, hidden_lines: list[str]) -> dict:
     Returns:
         The notebook.
     """
+    inert_notebook(notebook)
     budget = NOTEBOOK_OUTPUT_CHARACTERS
     for cell in notebook.get("cells", []):
         kept = []
@@ -413,7 +512,7 @@ def bound_outputs(notebook: dict, hidden_lines: list[str]) -> dict:
                                             "left out)\n"
                 budget -= len(value)
                 output[key] = value
-            for mime in ("text/plain", "text/html"):
+            for mime in ("text/plain",):  # the only text type an inert output keeps
                 if mime in data:
                     value = data[mime]
                     value = "".join(value) if isinstance(value, list) else str(value)
@@ -441,8 +540,10 @@ def _bound_autograded(course: Path, assignment: str, students: list[str], source
                 path.write_text(json.dumps(bound_outputs(notebook, hidden), indent=1),
                                 encoding="utf-8")
                 path.chmod(mode)
-            except (OSError, ValueError):
-                continue
+            except Exception:  # noqa: BLE001 - whatever failed, the notebook must not stay
+                # A notebook that could not be made inert is not left for the formgrader to
+                # show: the student's feedback page is then the plain one (scores, comments).
+                path.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- flags
@@ -537,40 +638,50 @@ def _package_record(course: Path) -> Path:
 
 
 def _check_package(course: Path, fingerprint: dict[str, str]) -> None:
-    """Refuse a package that changed since a run that ran without kernel isolation."""
+    """Refuse the package after a run without kernel isolation, or one that changed it.
+
+    Such a run let a student's code write wherever the instructor can: the book's package,
+    its bytecode caches, the environment. Only a reinstallation makes them trustworthy again,
+    and only the instructor knows it happened: the record stays until they delete it.
+    """
     path = _package_record(course)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
+    if record.get("protected", True):
+        return
     changed = integrity.changed_files(record.get("fingerprint", {}), fingerprint)
-    if changed and not record.get("protected", False):
-        raise integrity.PackageChanged(
-            "the book's package changed since the last autograde of this course, which ran "
-            "without kernel isolation (so a student's code could have changed it): "
-            + ", ".join(changed[:5]) + ". Reinstall the package from a clean copy (git "
-            "checkout, or pip install --force-reinstall), then delete "
-            f"{path} to accept it")
+    raise integrity.PackageChanged(
+        "the last autograde of this course ran without kernel isolation, or changed the "
+        "book's package (a student's code could have changed the package, its bytecode or the "
+        "environment" + (": " + ", ".join(changed[:5]) + " differ" if changed else "")
+        + "). Reinstall the environment from a clean copy (git checkout, then make "
+        f"autograde's environment anew, or pip install --force-reinstall), then delete {path} "
+        "to grade again")
 
 
 # --------------------------------------------------------------------------- the gradebook
 
 
-def _manual_scores(course: Path, assignment: str) -> dict[tuple[str, str], tuple]:
+def _each_grade(course: Path, assignment: str):
+    """``(student id, grade)`` for every grade cell of every notebook of ``assignment``."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    scores = {}
     with Gradebook(_db_url(course)) as gradebook:
         try:
             record = gradebook.find_assignment(assignment)
         except MissingEntry:
-            return {}
+            return
         for submission in record.submissions:
             for notebook in submission.notebooks:
-                for grade in notebook.grades:
-                    scores[(submission.student.id, grade.name)] = (grade.manual_score,
-                                                                   grade.extra_credit)
-    return scores
+                for grade in sorted(notebook.grades, key=lambda g: g.name):
+                    yield submission.student.id, grade
+
+
+def _manual_scores(course: Path, assignment: str) -> dict[tuple[str, str], tuple]:
+    return {(student, grade.name): (grade.manual_score, grade.extra_credit)
+            for student, grade in _each_grade(course, assignment)}
 
 
 def _write_grades(course: Path, assignment: str, grade: StudentGrade,
@@ -597,7 +708,7 @@ def _write_grades(course: Path, assignment: str, grade: StudentGrade,
             flagged = bool(grade.flags.get(exercise_of(row.name)))
             row.auto_score = float(cell.points) if cell.passed and not flagged else 0.0
             row.needs_manual_grade = False
-            if row.manual_score is not None and row.auto_score < cell.points:
+            if row.manual_score is not None:
                 grade.kept_manual.append(row.name)
         for comment in notebook.comments:
             exercise = exercises.get(exercise_of(comment.name))
@@ -694,12 +805,12 @@ def autograde(course_dir: str | os.PathLike, assignment: str,
                     cause=f"This exercise could not be graded ({error}); tell your "
                           "instructor.") for e in exercises]
                 problems[student].append(f"the clean grading failed: {error}")
-        refusals: dict[str, list[str]] = {}
+        feedback = _FeedbackRun()
         if feedback_run:  # after the clean grade: nothing it runs can reach a grade
             run = _grading_dir(course) / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
             try:
                 groups = _stage(run, assignment, notebooks, source, problems, jobs)
-                failures, refusals = _nbgrader_feedback_run(
+                feedback = _nbgrader_feedback_run(
                     course, assignment, run, groups, layers, cell_timeout,
                     feedback_timeout if feedback_timeout is not None
                     else 600.0 * max(1, -(-len(notebooks) // jobs)))
@@ -708,10 +819,10 @@ def autograde(course_dir: str | os.PathLike, assignment: str,
                 shutil.rmtree(run, ignore_errors=True)
                 with contextlib.suppress(OSError):
                     run.parent.rmdir()  # grading/runs/, when no other run is there
-            for student, cause in failures.items():
+            for student, cause in feedback.failures.items():
                 if student in problems:
                     problems[student].append(cause)
-        grades = _grades(assignment, notebooks, graded, problems, refusals)
+        grades = _grades(assignment, notebooks, graded, problems, feedback.reports)
         new_flags = [{"assignment": assignment, "student": grade.student, "exercise": key,
                       "flag": flag} for grade in grades for key, flags in grade.flags.items()
                      for flag in flags]
@@ -735,6 +846,8 @@ def autograde(course_dir: str | os.PathLike, assignment: str,
         after = integrity.fingerprint()
         changed = integrity.changed_files(fingerprint, after)
         source_changed = source_path.read_text(encoding="utf-8") != source_text
+        if not layers.protected:  # a student's code could have planted bytecode anywhere
+            integrity.remove_bytecode_caches()
         _write_atomically(_package_record(course), json.dumps(
             {"fingerprint": fingerprint, "protected": layers.protected and not changed}))
         if changed or source_changed:
@@ -744,11 +857,11 @@ def autograde(course_dir: str | os.PathLike, assignment: str,
                 "files as they were at its start): reinstall the package or restore the "
                 "instructor notebook before the next run")
     return AutogradeReport(assignment, grades, layers.protected, summary,
-                           time.monotonic() - start, layers, jobs)
+                           time.monotonic() - start, layers, jobs, feedback.problems)
 
 
 def _grades(assignment: str, notebooks: dict[str, Path], graded: dict,
-            problems: dict[str, list[str]], refusals: dict[str, list[str]]) -> list[StudentGrade]:
+            problems: dict[str, list[str]], reports: dict[str, list[str]]) -> list[StudentGrade]:
     grades = []
     for student in notebooks:
         grade = StudentGrade(student, assignment, exercises=graded[student],
@@ -756,24 +869,47 @@ def _grades(assignment: str, notebooks: dict[str, Path], graded: dict,
         for result in grade.exercises:
             for flag in result.flags:
                 grade.flags.setdefault(result.key, []).append(flag)
-        stops = [text for text in refusals.get(student, []) if text.startswith("stopped")]
-        grade.problems += [f"nbgrader's feedback run: the sandboxed kernel {text}"
-                           for text in stops]
-        for text in refusals.get(student, []):
-            if text.startswith("refused"):
+        for line in reports.get(student, []):  # this student's own report, and only theirs
+            kind, _, text = line.partition(": ")
+            if kind in ("stopped", "ended"):
+                grade.problems.append(f"nbgrader's feedback run: {line}")
+            elif kind == "refused":
                 grade.flags.setdefault(FEEDBACK_RUN, []).append(
-                    "in nbgrader's feedback run (no points at stake), the sandbox "
-                    + text.replace("refused: ", "refused ", 1))
+                    "in nbgrader's feedback run (no points at stake), the sandbox refused "
+                    + text)
+        grade.problems = list(dict.fromkeys(grade.problems))
         grades.append(grade)
     return grades
 
 
+def _recorded_scores(course: Path, assignment: str) -> dict[str, list[RecordedScore]]:
+    """Every grade cell of every student's notebook of ``assignment``, from the gradebook."""
+    recorded: dict[str, list[RecordedScore]] = {}
+    for student, grade in _each_grade(course, assignment):
+        recorded.setdefault(student, []).append(RecordedScore(
+            grade.name, "autograded" if grade.cell.cell_type == "code" else "written",
+            grade.auto_score, grade.manual_score, grade.extra_credit,
+            float(grade.max_score or 0.0)))
+    return recorded
+
+
+def _manual_text(scores: list[RecordedScore]) -> str:
+    return " | ".join(f"{r.grade_id}: {r.manual:g} of {r.max_score:g}"
+                      + (f" + {r.extra:g} extra" if r.extra else "")
+                      for r in scores if r.manual is not None)
+
+
 def _write_summary(course: Path, assignment: str, grades: list[StudentGrade],
                    layers: sandbox.Layers) -> Path:
+    """``grading/summary-<assignment>.csv``: every exercise of every student graded here
+    (earlier rows of the others kept), with the clean grade (``score``), the score of record
+    in the gradebook (``score_of_record``: a manual score wins; written answers too) and
+    every manual score; fills each grade's :attr:`StudentGrade.recorded`."""
     path = _grading_dir(course) / f"summary-{assignment}.csv"
     graded = {grade.student for grade in grades}
     header = ["student", "assignment", "exercise", "score", "max_score", "cause", "flags",
-              "isolation"]
+              "isolation", "score_of_record", "manual_scores"]
+    recorded = _recorded_scores(course, assignment)
     kept = []  # the rows of students this run did not grade (STUDENT=… runs)
     if path.exists():
         with path.open(encoding="utf-8") as handle:
@@ -783,17 +919,28 @@ def _write_summary(course: Path, assignment: str, grades: list[StudentGrade],
     isolation = layers.describe()
     rows = []
     for grade in grades:
+        grade.recorded = recorded.get(grade.student, [])
+        cells: dict[str, list[RecordedScore]] = {}
+        for cell in grade.recorded:
+            cells.setdefault(exercise_of(cell.grade_id), []).append(cell)
         for exercise in grade.exercises:
             flags = grade.flags.get(exercise.key, [])
             score = 0.0 if flags else exercise.score
+            mine = cells.pop(exercise.key, [])
             rows.append([grade.student, assignment, exercise.key, f"{score:g}",
-                         f"{exercise.points:g}", exercise.cause, " | ".join(flags), isolation])
+                         f"{exercise.points:g}", exercise.cause, " | ".join(flags), isolation,
+                         f"{sum(r.score for r in mine):g}" if mine else "", _manual_text(mine)])
+        for key, mine in sorted(cells.items()):  # written answers, scored in the formgrader
+            rows.append([grade.student, assignment, key, "", f"{sum(r.max_score for r in mine):g}",
+                         "written answer: scored by hand" if any(r.kind == "written" for r in mine)
+                         else "", "", isolation, f"{sum(r.score for r in mine):g}",
+                         _manual_text(mine)])
         for problem in grade.problems:
-            rows.append([grade.student, assignment, "", "", "", problem, "", isolation])
+            rows.append([grade.student, assignment, "", "", "", problem, "", isolation, "", ""])
         for key in (FEEDBACK_RUN, "gradebook"):
             if grade.flags.get(key):
                 rows.append([grade.student, assignment, key, "", "", "",
-                             " | ".join(grade.flags[key]), isolation])
+                             " | ".join(grade.flags[key]), isolation, "", ""])
     import io
 
     buffer = io.StringIO()
@@ -806,7 +953,8 @@ def _write_summary(course: Path, assignment: str, grades: list[StudentGrade],
 
 
 def autograde_summary(report: AutogradeReport) -> list[str]:
-    """Lines for the instructor: every cause of a lost point, every flag and problem.
+    """Lines for the instructor: each student's autograded points and score of record, every
+    manual score, every cause of a lost point, every flag and problem.
 
     Args:
         report: from :func:`autograde`.
@@ -815,9 +963,17 @@ def autograde_summary(report: AutogradeReport) -> list[str]:
         Human-readable lines, one per student and exercise that needs a word.
     """
     lines = []
+    differs = False
     for grade in report.students:
         total = sum(e.points for e in grade.exercises)
-        lines.append(f"{grade.student}: {grade.score:g} / {total:g}")
+        line = f"{grade.student}: {grade.score:g} / {total:g}"
+        if grade.recorded:  # what the gradebook counts, and export writes
+            of_record = sum(r.score for r in grade.recorded)
+            most = sum(r.max_score for r in grade.recorded)
+            line += f" autograded; score of record {of_record:g} / {most:g}"
+            differs |= (of_record, most) != (grade.score, total) or any(
+                r.manual is not None for r in grade.recorded)
+        lines.append(line)
         for exercise in grade.exercises:
             flags = grade.flags.get(exercise.key, [])
             if flags:
@@ -830,8 +986,23 @@ def autograde_summary(report: AutogradeReport) -> list[str]:
             lines.append(f"  FLAG: {flag}")
         for problem in grade.problems:
             lines.append(f"  problem: {problem}")
-        for grade_id in grade.kept_manual:
-            lines.append(f"  {grade_id}: keeps your manual score")
+        manual = [r for r in grade.recorded if r.manual is not None]
+        for cell in manual:  # every manual score of an autograded cell, whatever the run gave
+            if cell.kind == "autograded":
+                lines.append(f"  {cell.grade_id}: keeps your manual score {cell.manual:g} of "
+                             f"{cell.max_score:g} (autograded: {cell.auto or 0:g})"
+                             + (f", + {cell.extra:g} extra credit" if cell.extra else ""))
+        written = [r for r in manual if r.kind != "autograded"]
+        if written:
+            lines.append(f"  written answers, scored by hand: {_manual_text(written)}")
+        for grade_id in grade.kept_manual:  # a gradebook that could not be read back
+            if grade_id not in {cell.grade_id for cell in manual}:
+                lines.append(f"  {grade_id}: keeps your manual score")
+    if differs:
+        lines.append("score of record: what the gradebook counts and `export` writes (a manual "
+                     "score wins over the autograded one; written answers included); every "
+                     "manual score is listed under its student")
+    lines += [f"run: {problem}" for problem in report.problems]
     lines.append(f"isolation of this run ({report.jobs} at a time): {report.layers.describe()}")
     if not report.isolated:
         lines.append("WARNING: every grade of this run is UNPROTECTED (marked so in the summary "

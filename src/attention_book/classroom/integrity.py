@@ -9,6 +9,14 @@ checks it after nbgrader's feedback run. A difference stops the run and names th
 The kernel layers of the sandbox are what keeps the files unchanged; this check is what
 tells the instructor if anything ever did.
 
+Python runs a module's cached bytecode (``__pycache__/*.pyc``) whenever its header matches
+the source's time and size, and the fingerprint covers sources only. So the grading process
+never runs a cache of the package: it starts through :data:`SOURCE_ONLY`, which compiles
+every module of ``attention_book`` from its source. After a run without kernel isolation,
+where a student's code could have written anywhere, ``autograde`` removes the package's
+caches (:func:`remove_bytecode_caches`) and refuses the package until the instructor has
+reinstalled it.
+
 Not taught in a chapter: the instructor guide (``instructor_guide.md``) explains grading.
 """
 
@@ -17,7 +25,37 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-__all__ = ["PackageChanged", "changed_files", "fingerprint"]
+__all__ = ["SOURCE_ONLY", "PackageChanged", "changed_files", "fingerprint",
+           "remove_bytecode_caches"]
+
+#: Python source that makes every later import of ``attention_book`` compile its module from
+#: the source file, never from a bytecode cache (run it with ``-c`` before the package is
+#: imported; :mod:`.clean` starts the grading process so).
+SOURCE_ONLY = """\
+import importlib.machinery as _machinery
+import sys as _sys
+
+
+class _FromSource(_machinery.SourceFileLoader):
+    def get_code(self, fullname):
+        return compile(self.get_data(self.path), self.path, "exec", dont_inherit=True)
+
+
+class _SourceOnly:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "attention_book" and not name.startswith("attention_book."):
+            return None
+        spec = _machinery.PathFinder.find_spec(name, path)
+        if spec is not None and type(spec.loader) is _machinery.SourceFileLoader:
+            spec.loader = _FromSource(spec.loader.name, spec.loader.path)
+            spec.cached = None
+        return spec
+
+
+_sys.meta_path.insert(0, _SourceOnly)
+_sys.dont_write_bytecode = True
+"""
 
 
 class PackageChanged(RuntimeError):
@@ -62,3 +100,23 @@ def changed_files(before: dict[str, str], after: dict[str, str]) -> list[str]:
         Relative paths, sorted.
     """
     return sorted(path for path in set(before) | set(after) if before.get(path) != after.get(path))
+
+
+def remove_bytecode_caches(folder: str | Path | None = None) -> list[str]:
+    """Remove every ``__pycache__`` folder of the package.
+
+    Args:
+        folder: the package folder (default: the installed ``attention_book``).
+
+    Returns:
+        The caches that could not be removed (a read-only installation), relative to it.
+    """
+    import shutil
+
+    root = Path(folder) if folder is not None else _package_folder()
+    left = []
+    for cache in sorted(root.rglob("__pycache__")):
+        shutil.rmtree(cache, ignore_errors=True)
+        if cache.exists():
+            left.append(cache.relative_to(root).as_posix())
+    return left

@@ -19,22 +19,32 @@ before any student code runs, in layers; the first three are enforced by the ker
    kernel may listen on exactly the five ports of its connection file); no signal and no
    abstract socket reaches a process outside the sandbox. Nothing else of ``/proc`` than
    the process's own entry is readable.
-3. **A seccomp filter** (:mod:`.syscalls`): no socket but local ones, no new processes, no
-   writable shared file mappings, no ptrace and no reach into other processes, no
-   namespaces, mounts, BPF or ``io_uring``.
-4. **Resource limits** (:func:`limit_resources`): memory, CPU time, open files, file size.
+3. **A seccomp filter** (:mod:`.syscalls`): no network socket, no new Unix socket (none at
+   all in an answer's process), no new processes, no writable shared file mappings, no
+   ptrace and no reach into other processes, no namespaces, mounts, BPF or ``io_uring``.
+4. **Limits** (:func:`limit_resources`): memory, CPU time, open files, file size; the size
+   of the scratch folder; for a kernel that may start processes, a PID namespace of its own
+   (or a cgroup, or ``RLIMIT_NPROC``), and every process it left behind is ended with it
+   (:mod:`.processes`).
 5. **An audit hook** (:func:`install_audit_hook`, PEP 578), which explains in a sentence a
-   student can read why an attempt from Python (opening the course, a socket, ``ctypes``,
-   importing the checkers) is refused, and reports it. It is an explanation, not the
-   boundary: native code below Python (``torch.ops.aten.from_file``, any C++ operator
-   that opens a path) never passes it, and is stopped by layers 1-3.
+   student can read why an attempt from Python that a kernel layer refuses too (opening the
+   course, a socket, a process, importing the checkers) is refused, and reports it on a
+   channel of that student's own. It is an explanation, not the boundary: native code below
+   Python (``torch.ops.aten.from_file``, any C++ operator that opens a path) never passes
+   it, and is stopped by layers 1-3.
+
+No process that runs student code gets an environment variable that is not on
+:data:`STUDENT_ENVIRONMENT`, a list of names (never prefixes): a hub's API token in the
+grader's environment never reaches a kernel or an answer.
 
 :func:`available_layers` says which layers this machine gives; :data:`POLICIES` states what
 a chapter's own cells need beyond the default (chapter 17 starts worker processes that talk
 over loopback TCP).
 
 ``python -m attention_book.classroom.sandbox kernel -f CONNECTION_FILE`` is the sandboxed
-Jupyter kernel that the book's course configuration gives nbgrader.
+Jupyter kernel that the book's course configuration gives nbgrader (:func:`_kernel_main`: a
+small trusted process outside the sandbox that starts the kernel, reads nothing of it, and
+ends everything the kernel left when it ends).
 
 Not taught in a chapter: the instructor guide (``instructor_guide.md``) explains grading.
 """
@@ -49,32 +59,37 @@ import resource
 import signal
 import sys
 import sysconfig
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 if __package__:
-    from . import landlock, syscalls
+    from . import landlock, processes, syscalls
 else:  # pragma: no cover - the kernel spec runs this file as a script, without the package
-    import importlib.util
+    import types
 
-    def _sibling(name: str):
-        spec = importlib.util.spec_from_file_location(
-            f"_sandbox_{name}", Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    def _sibling(name: str):  # compiled from its source: no bytecode cache runs here
+        path = Path(__file__).with_name(f"{name}.py")
+        module = types.ModuleType(f"_sandbox_{name}")
+        module.__file__ = str(path)
+        sys.modules[module.__name__] = module
+        exec(compile(path.read_bytes(), str(path), "exec", dont_inherit=True), module.__dict__)  # noqa: S102
         return module
 
-    landlock, syscalls = _sibling("landlock"), _sibling("syscalls")
+    landlock, processes, syscalls = _sibling("landlock"), _sibling("processes"), _sibling(
+        "syscalls")
 
-__all__ = ["POLICIES", "Layers", "Policy", "SandboxError", "available_layers", "confine",
-           "die_with_parent", "enter_jail", "install_audit_hook", "jail_available",
-           "limit_resources", "neuter_native_file_access", "package_root", "policy_for", "python_roots",
-           "readable_tree"]
+__all__ = ["POLICIES", "STUDENT_ENVIRONMENT", "Layers", "Policy", "SandboxError",
+           "available_layers", "confine", "die_with_parent", "enter_jail", "folder_bytes",
+           "install_audit_hook", "jail_available", "keep_readable_path", "limit_resources",
+           "package_root", "policy_for", "private_loopback", "python_roots", "readable_tree",
+           "student_environment"]
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWPID = 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV = 1, 2, 4
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE, _PR_SET_PDEATHSIG = 38, 4, 1
@@ -82,38 +97,56 @@ _DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 #: The system's shared libraries and what the loader reads: no secrets, needed by NumPy/torch.
 SYSTEM_LIBRARIES = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/etc/ld.so.cache",
                     "/usr/share/zoneinfo", "/etc/localtime", "/proc/cpuinfo",
-                    "/sys/devices/system/cpu")
+                    "/sys/devices/system/cpu",
+                    # how the C library names a local address (127.0.0.1 is localhost): gloo
+                    # and torch.distributed ask, and warn where they cannot tell
+                    "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf")
 
 #: Module prefixes an answer may not import while it is graded.
 GRADER_MODULES = ("attention_book.exercises", "attention_book.classroom", "nbgrader",
                   "nbformat", "sqlite3", "_sqlite3")
 
+#: Starting a process: refused (and reported) where the policy gives none; the seccomp
+#: filter refuses ``fork``/``clone``/``execve`` there too.
 _PROCESS_EVENTS = frozenset({
     "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-    "os.forkpty", "pty.spawn", "os.startfile", "os.kill", "os.killpg", "signal.pthread_kill"})
+    "os.forkpty", "pty.spawn", "os.startfile", "_posixsubprocess.fork_exec"})
 _PATH_EVENTS = frozenset({  # every path argument must be writable
     "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.truncate",
     "os.utime", "os.chflags", "os.lchflags", "os.lchmod", "os.setxattr", "os.removexattr",
     "shutil.rmtree", "shutil.move", "shutil.chown", "os.mkfifo", "os.mknod"})
+#: Path events whose last integer arguments are the folder descriptors their paths are
+#: relative to (``dir_fd``): one per path.
+_DIR_FD_EVENTS = frozenset({"os.remove", "os.rmdir", "os.rename", "os.mkdir", "shutil.rmtree"})
 _COPY_EVENTS = frozenset({  # the first path is read, the second written
     "shutil.copyfile", "shutil.copymode", "shutil.copystat", "shutil.copytree", "os.link",
     "os.symlink"})
-_ALWAYS_DENIED = frozenset({
-    "dbm.open", "resource.setrlimit",
-    "resource.prlimit", "mmap.__new__", "os.chroot", "os.chdir", "os.fchdir", "socket.bind",
-    "socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "socket.sendto",
-    "socket.sendmsg", "urllib.Request", "http.client.connect", "ftplib.connect",
-    "smtplib.connect", "telnetlib.Telnet.open", "webbrowser.open", "syslog.openlog",
-    "os.setuid", "os.setgid", "_posixsubprocess.fork_exec", "msvcrt.open_osfhandle",
-    "winreg.OpenKey", "sys.remote_exec"})
+#: What the kernel layers refuse whatever the arguments, explained when Python asks for it:
+#: the network (Landlock's TCP rules, the seccomp filter's socket families, the answer's
+#: empty network namespace) and a new root (no capability is left). Nothing is refused here
+#: that the kernel would allow (``ctypes``, ``mmap``, ``chdir`` are not: the kernel layers
+#: decide what they can reach), so what is reported is something the sandbox really refused.
+_NETWORK_EVENTS = frozenset({
+    "socket.bind", "socket.connect", "socket.getaddrinfo", "socket.gethostbyname",
+    "socket.sendto", "socket.sendmsg", "urllib.Request", "http.client.connect",
+    "ftplib.connect", "smtplib.connect", "telnetlib.Telnet.open", "webbrowser.open",
+    "os.chroot"})
 #: What any process may read of /proc beyond its own entry: process lists (psutil, at a
 #: kernel's shutdown), never another process's memory or environment.
-_PROC_INFO = re.compile(r"/proc/(cpuinfo|meminfo|stat|uptime|loadavg|\d+/(stat|status|cmdline))")
-#: The environment variables a sandboxed kernel keeps (prefixes); every other one (a hub's
-#: API token, say) is removed before student code runs.
-_KERNEL_ENVIRONMENT = ("PATH", "LANG", "LC_", "LD_LIBRARY_PATH", "PYTHON", "OMP_", "MKL_",
-                       "ATEN_", "KMP_", "ONEDNN_", "OPENBLAS_", "BOOK_", "MPLBACKEND",
-                       "PYDEVD_", "JPY_", "TZ")
+_PROC_INFO = re.compile(
+    r"/proc/(cpuinfo|meminfo|stat|uptime|loadavg|mounts|\d+/(stat|status|cmdline))")
+#: The environment variables a process that runs student code gets, by exact name: the
+#: locale, the library and module paths, the numeric settings of the book's test command
+#: (tools/numerics/*.env), matplotlib's backend and what ipykernel itself reads. Nothing is
+#: kept by prefix: a hub's API token (``JUPYTERHUB_API_TOKEN``, ``JPY_API_TOKEN``), cloud
+#: credentials or any other secret of the grader's environment never reaches student code.
+STUDENT_ENVIRONMENT = (
+    "PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_MESSAGES", "TZ",
+    "TERM", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED",
+    "PYTHONIOENCODING", "PYTHONUTF8", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR",
+    "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MPLBACKEND",
+    "PYDEVD_DISABLE_FILE_VALIDATION", "JPY_PARENT_PID", "JPY_SESSION_NAME")
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.I)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -153,6 +186,21 @@ def policy_for(chapter: int | None) -> Policy:
         Its :class:`Policy`.
     """
     return POLICIES.get(chapter, Policy()) if chapter is not None else Policy()
+
+
+def student_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process that runs student code: :data:`STUDENT_ENVIRONMENT` only.
+
+    Args:
+        environ: the grader's environment (default: this process's).
+
+    Returns:
+        The variables of :data:`STUDENT_ENVIRONMENT` that ``environ`` has (none whose name
+        looks like a secret's, should the list ever name one).
+    """
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in STUDENT_ENVIRONMENT
+            if name in environ and not _SECRET_NAME.search(name)}
 
 
 @dataclass(frozen=True)
@@ -316,6 +364,21 @@ def readable_tree(roots: Iterable[str], hidden: Iterable[str]) -> tuple[list[str
     return readable, listable
 
 
+def keep_readable_path(readable: Iterable[str]) -> None:
+    """Drop from ``sys.path`` every folder the sandbox does not let this process read.
+
+    An entry outside the view (a ``PYTHONPATH`` folder of the grader's, the working folder)
+    would only make the import system, and any library that walks ``sys.path``, try a folder
+    the sandbox refuses, and an honest student's import would look like an attempt.
+
+    Args:
+        readable: the roots the process may read.
+    """
+    roots = tuple(_unique(readable))
+    sys.path[:] = [entry for entry in sys.path
+                   if entry and _under(os.path.realpath(entry), roots)]
+
+
 def _under(path: str, roots: tuple[str, ...]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
@@ -352,6 +415,16 @@ def _write(path: str, text: str) -> None:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
+
+
+def _map_root_to(uid: int, gid: int) -> None:
+    """In a new user namespace: root there is ``uid``/``gid`` outside (no other id exists)."""
+    try:
+        _write("/proc/self/setgroups", "deny")
+    except OSError:
+        pass
+    _write("/proc/self/uid_map", f"0 {uid} 1")
+    _write("/proc/self/gid_map", f"0 {gid} 1")
 
 
 def jail_available() -> bool:
@@ -402,7 +475,8 @@ def _drop_capabilities(libc) -> None:
 
 def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iterable[str] = (),
                scratch: str | None = None, scratch_megabytes: int = 64,
-               cwd: str = "/", network: bool = True) -> None:
+               cwd: str = "/", network: bool = True, keep_capabilities: bool = False,
+               files: dict[str, str] | None = None) -> None:
     """Move this (single-threaded) process into a private, read-only view of the files.
 
     Args:
@@ -415,6 +489,9 @@ def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iter
         scratch: if given, a private writable tmpfs at this path (e.g. ``/tmp``).
         scratch_megabytes: the size of that tmpfs.
         cwd: the working folder inside the jail.
+        keep_capabilities: keep the namespace's capabilities for now (a kernel that makes a
+            private network later, :func:`private_loopback`, drops them itself).
+        files: files written into the view, by path, in place of the machine's (read-only too).
 
     Raises:
         SandboxError: the kernel refused a step (no user namespaces, a threaded process).
@@ -428,12 +505,7 @@ def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iter
     # uid_map below. It becomes dumpable only until the jail is set up (the end of this
     # function makes it not dumpable again), before any of the answer's code runs.
     libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
-    try:
-        _write("/proc/self/setgroups", "deny")
-    except OSError:
-        pass
-    _write("/proc/self/uid_map", f"0 {uid} 1")
-    _write("/proc/self/gid_map", f"0 {gid} 1")
+    _map_root_to(uid, gid)
     _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
     root = os.path.realpath(root)
     _check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
@@ -443,15 +515,20 @@ def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iter
         os.makedirs(target, exist_ok=True)
         _check(libc.mount(b"tmpfs", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                           f"size={int(scratch_megabytes)}m,mode=1777".encode()), "scratch")
+    files = files or {}
     for path in [*readable, *_DEVICES]:
         real = os.path.realpath(path)
-        if not os.path.exists(real):
+        if not os.path.exists(real) or path in files:
             continue
         _bind(libc, real, root + real)
         link = os.path.abspath(path)
         if link != real and os.path.islink(link) and not os.path.lexists(root + link):
             os.makedirs(os.path.dirname(root + link), exist_ok=True)
             os.symlink(os.readlink(link), root + link)  # /lib64 -> usr/lib64, as outside
+    for path, text in files.items():
+        os.makedirs(os.path.dirname(root + path), exist_ok=True)
+        with open(root + path, "w", encoding="utf-8") as handle:
+            handle.write(text)
     for path in hidden:
         target = root + os.path.realpath(path)
         if os.path.isdir(target):
@@ -464,8 +541,44 @@ def enter_jail(root: str | os.PathLike, readable: Iterable[str], *, hidden: Iter
     _check(libc.mount(None, b"/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
                       b"size=8m,mode=0755"), "read-only root")
     os.chdir(cwd)
-    _drop_capabilities(libc)
+    if not keep_capabilities:
+        _drop_capabilities(libc)
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def private_loopback() -> None:
+    """Move the calling thread into a new network namespace whose loopback is up; then drop
+    every capability of the thread.
+
+    A kernel's own sockets, made before, stay where they are (nbgrader reaches them); what
+    the calling thread and everything it starts opens from now on lives in a network with
+    nothing but a loopback of its own: workers that talk over TCP reach each other and
+    nothing else. Call it inside the jail, which must have kept its capabilities.
+
+    Raises:
+        SandboxError: the kernel refused a step.
+    """
+    import fcntl
+    import socket
+    import struct
+
+    libc = _libc()
+    probe = -1
+    try:
+        _check(libc.unshare(_CLONE_NEWNET), "unshare(network)")
+        # a socket of the C library's, not Python's: the audit hook explains Python's to students
+        probe = libc.socket(socket.AF_INET, socket.SOCK_DGRAM, 0)
+        if probe < 0:
+            _check(-1, "socket")
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(probe, 0x8913, request))[1]  # GET
+        fcntl.ioctl(probe, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1))  # SET up
+    except OSError as error:
+        raise SandboxError(f"a private loopback network: {error}") from error
+    finally:
+        if probe >= 0:
+            os.close(probe)
+        _drop_capabilities(libc)
 
 
 # --------------------------------------------------------------------------- kernel layers
@@ -475,7 +588,8 @@ def confine(readable: Iterable[str], writable: Iterable[str] = (), *,
             hidden: Iterable[str] = (), listen_ports: Iterable[int] = (),
             policy: Policy = Policy(), network_namespace: bool = False, kill: bool = False,
             all_threads: bool = False, filter_syscalls: bool = True,
-            threads: bool = True) -> Layers:
+            threads: bool = True, sockets: bool = True, drop_capabilities: bool = True,
+            tcp_later: bool = False) -> Layers:
     """Enter layers 2 and 3 (Landlock and the seccomp filter), whichever this machine has.
 
     Capabilities are dropped too (a grader run as root keeps none). Call it after
@@ -497,11 +611,17 @@ def confine(readable: Iterable[str], writable: Iterable[str] = (), *,
             sockets exist).
         threads: the process may start threads (an answer's process may not: see
             :func:`.syscalls.confine`).
+        sockets: the process may make new sockets (an answer's process has the one it needs:
+            it may not, so no Unix socket of the instructor's is within its reach).
+        drop_capabilities: drop them now (a kernel that makes a private network later keeps
+            them until then).
+        tcp_later: leave TCP to Landlock's caller: the process will move into a private
+            network (:func:`private_loopback`) before any student code runs.
 
     Returns:
         The :class:`Layers` now in force (``namespaces`` is ``network_namespace``).
     """
-    tcp = policy.loopback_tcp and network_namespace
+    tcp = policy.loopback_tcp and (network_namespace or tcp_later)
     roots, listable = readable_tree([*readable, *SYSTEM_LIBRARIES, *_DEVICES], hidden)
     abi = 0
     if landlock.abi_version() > 0:
@@ -510,15 +630,16 @@ def confine(readable: Iterable[str], writable: Iterable[str] = (), *,
                                     listable=listable, listen_ports=listen_ports, tcp=tcp)
         except landlock.LandlockError:
             abi = 0
-    try:
-        _drop_capabilities(_libc())
-    except SandboxError:
-        pass
+    if drop_capabilities:
+        try:
+            _drop_capabilities(_libc())
+        except SandboxError:
+            pass
     filtered = False
     if filter_syscalls:
         try:
             syscalls.confine(processes=policy.processes, tcp=tcp, kill=kill,
-                             all_threads=all_threads, threads=threads)
+                             all_threads=all_threads, threads=threads, sockets=sockets)
             filtered = True
         except syscalls.SyscallFilterError:
             filtered = False
@@ -556,73 +677,21 @@ def limit_resources(*, memory_bytes: int | None = None, cpu_seconds: int | None 
         lower(resource.RLIMIT_NOFILE, int(open_files))
 
 
-# --------------------------------------------------------------------------- native file access
-
-
-def _refuse(what: str) -> Callable:
-    def refused(*args, **kwargs):
-        raise PermissionError(f"{what} is not available while your work is graded")
-
-    refused.__name__ = what.rsplit(".", 1)[-1]
-    return refused
-
-
-def neuter_native_file_access(*, processes: bool = False) -> None:
-    """Replace the functions that read, map or load files below Python's ``open``.
-
-    Args:
-        processes: keep the low-level process starter (a jailed kernel may start processes:
-            they share its jail).
-    """
-    import torch
-
-    targets = [(torch, "from_file"), (torch.UntypedStorage, "from_file"),
-               (torch.TypedStorage, "from_file"), (torch.ops, "load_library"),
-               (torch.classes, "load_library"), (torch.jit, "load"),
-               (torch._C, "PyTorchFileReader"), (torch._C, "PyTorchFileWriter"),
-               (torch._C, "import_ir_module"), (torch._C, "_load_for_lite_interpreter")]
-    for name in ("ByteStorage", "FloatStorage", "DoubleStorage", "LongStorage", "IntStorage",
-                 "BoolStorage", "HalfStorage", "BFloat16Storage", "ShortStorage", "CharStorage"):
-        klass = getattr(torch, name, None)
-        if klass is not None:
-            targets.append((klass, "from_file"))
-    try:
-        import numpy
-
-        targets += [(numpy, "fromfile"), (numpy, "memmap")]
-        core = getattr(numpy, "_core", None) or getattr(numpy, "core", None)
-        multiarray = getattr(core, "multiarray", None)
-        if multiarray is not None:
-            targets.append((multiarray, "fromfile"))
-    except ImportError:  # pragma: no cover - numpy comes with torch
-        pass
-    for owner, name in targets:
-        if getattr(owner, name, None) is None:
-            continue
-        try:
-            setattr(owner, name, _refuse(f"{getattr(owner, '__name__', 'torch')}.{name}"))
-        except (AttributeError, TypeError):
-            pass
-    if processes:
-        return
-    try:
-        import _posixsubprocess
-
-        _posixsubprocess.fork_exec = _refuse("_posixsubprocess.fork_exec")
-        import subprocess
-
-        subprocess._fork_exec = _refuse("subprocess._fork_exec")
-    except (ImportError, AttributeError):  # pragma: no cover - not on Linux
-        pass
-
-
 # --------------------------------------------------------------------------- the audit hook
 
 
 def install_audit_hook(*, readable: Iterable[str], writable: Iterable[str] = (),
-                       allow_processes: bool = False, blocked_modules: Iterable[str] = (),
+                       allow_processes: bool = False, allow_network: bool = False,
+                       blocked_modules: Iterable[str] = (),
                        report: Callable[[str, str], None] | None = None) -> None:
-    """Refuse, from now on, what graded code may not do (see the module docstring).
+    """Explain, from now on, what the kernel layers refuse graded code, and report it.
+
+    Only what a kernel layer refuses too is refused here (a file outside the view, a network
+    socket, a new process where the policy gives none, the grader's modules): the hook turns
+    the kernel's bare ``EACCES`` into a sentence and a report, so that a report is evidence.
+    It runs in the graded process and can be taken apart by code that reaches its closure,
+    so it is an explanation, never the boundary. Refusals met while an installed module's
+    code runs at its import (a library probing its machine) are refused but not reported.
 
     Args:
         readable: roots under which files may be opened for reading.
@@ -630,6 +699,8 @@ def install_audit_hook(*, readable: Iterable[str], writable: Iterable[str] = (),
         allow_processes: let the process start others (only inside a jail, whose view the
             children share; a kernel running chapter 17's ranks needs it).
         blocked_modules: module prefixes that may not be imported.
+        allow_network: let it use TCP (a kernel in a network namespace of its own, whose
+            loopback is all it reaches).
         report: called with ``(event, detail)`` before each refusal (it must not raise).
     """
     readable = tuple(_unique([*readable, *_DEVICES]))
@@ -642,30 +713,63 @@ def install_audit_hook(*, readable: Iterable[str], writable: Iterable[str] = (),
         return _under(path, writable) and not _under(path, shadowed)
 
     blocked = tuple(blocked_modules)
-    denied_events = set(_ALWAYS_DENIED)
+    denied_events = set() if allow_network else set(_NETWORK_EVENTS)
+    denied_events.add("os.chroot")
     if not allow_processes:
         denied_events |= _PROCESS_EVENTS
     denied_events = frozenset(denied_events)
-    realpath, fspath = os.path.realpath, os.fspath
+    realpath, fspath, getframe = os.path.realpath, os.fspath, sys._getframe
+    try:
+        library = tuple(_unique([*python_roots(), package_root()]))
+    except SandboxError:
+        library = tuple(_unique(python_roots()))
+    here = __file__
     busy = [False]
+
+    def importing_a_library() -> bool:
+        # an installed module's own code, run as it is imported, probes what it may (a
+        # machine id, a socket), and the import system looks for a module in every folder of
+        # sys.path: refused all the same, but no student's attempt. Walking out
+        # from the refusal, the first frame that is not library code decides: a student's
+        # cell or answer (report), or the body of a library module being imported (not).
+        frame = getframe(1)
+        while frame is not None and frame.f_code.co_filename == here:
+            frame = frame.f_back
+        if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True  # the import system looking along sys.path for a module
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith("<frozen "):
+                if not _under(name, library):
+                    return False
+                if frame.f_code.co_name == "<module>":
+                    return True
+            frame = frame.f_back
+        return False
 
     def refuse(event: str, detail: str) -> None:
         if report is not None and not busy[0]:
             busy[0] = True
             try:
-                report(event, detail)
+                if not importing_a_library():
+                    report(event, detail)
             except Exception:  # noqa: BLE001 - reporting never decides
                 pass
             finally:
                 busy[0] = False
         raise PermissionError(f"not allowed while your work is graded: {event} {detail}".strip())
 
-    def path_of(value) -> str | None:
+    readlink, join, isabs = os.readlink, os.path.join, os.path.isabs
+
+    def path_of(value, dir_fd=None) -> str | None:
         if isinstance(value, int) or value is None:
             return None
         try:
-            return realpath(os.fsdecode(fspath(value)))
-        except (TypeError, ValueError):
+            path = os.fsdecode(fspath(value))
+            if type(dir_fd) is int and dir_fd >= 0 and not isabs(path):  # rmtree's unlinks
+                path = join(readlink(f"/proc/self/fd/{dir_fd}"), path)
+            return realpath(path)
+        except (TypeError, ValueError, OSError):
             return "?"
 
     own = f"/proc/{os.getpid()}/"
@@ -709,8 +813,14 @@ def install_audit_hook(*, readable: Iterable[str], writable: Iterable[str] = (),
             if target and (target == "?" or not may_write(target)):
                 refuse("changing", target)
         elif event in _PATH_EVENTS:
-            for value in args[:2]:
-                path = path_of(value)
+            # (path, dir_fd) for remove and rmdir, (path, mode, dir_fd) for mkdir and chmod,
+            # (source, target, source dir_fd, target dir_fd) for rename: the folder descriptor
+            # a relative path is relative to (shutil.rmtree's way) follows its paths
+            fds = [value for value in args[1:] if type(value) is int]
+            paths = [value for value in args[:2] if not isinstance(value, int)]
+            bases = fds[-len(paths):] if event in _DIR_FD_EVENTS and fds else []
+            for index, value in enumerate(paths):
+                path = path_of(value, bases[index] if index < len(bases) else None)
                 if path and path != "?" and not may_write(path):
                     refuse("changing", path)
                 if path == "?" and not writable:
@@ -723,9 +833,11 @@ def install_audit_hook(*, readable: Iterable[str], writable: Iterable[str] = (),
             import socket as _socket
 
             family = args[1] if len(args) > 1 else None
-            if family not in (_socket.AF_UNIX, -1, None):  # a local pair (asyncio) is fine
+            allowed = (_socket.AF_UNIX, -1, None) + (
+                (_socket.AF_INET, _socket.AF_INET6, _socket.AF_NETLINK) if allow_network else ())
+            if family not in allowed:  # a local pair (asyncio) is fine
                 refuse("opening a network socket", "")
-        elif event in denied_events or event.startswith("ctypes."):
+        elif event in denied_events:
             refuse(event, "")
         elif event == "import" and blocked:
             name = args[0] if args and isinstance(args[0], str) else ""
@@ -770,91 +882,250 @@ def block_imports(prefixes: Iterable[str]) -> None:
 # --------------------------------------------------------------------------- the kernel
 
 
+#: The names of a private network's addresses, for a kernel whose workers talk over its
+#: loopback: the C library then names every address a worker sees (an IPv4 address seen on
+#: an IPv6 socket too) without asking a name server, which that network does not have.
+LOCAL_HOSTS = "127.0.0.1 localhost\n::1 localhost\n::ffff:127.0.0.1 localhost\n"
+#: The most bytes a kernel's scratch folder may hold where it is a plain folder (without the
+#: private view it is no tmpfs of a fixed size): past it the kernel is ended.
+KERNEL_SCRATCH_BYTES = 256 * 2**20
+#: The most processes one kernel may run where its policy lets it start any.
+KERNEL_PROCESSES = 128
+
+
+def _connection_file(argv: list[str]) -> str | None:
+    for index, arg in enumerate(argv):
+        if arg == "-f" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("-f="):
+            return arg[3:]
+    return None
+
+
+def _open_report() -> int:
+    """The kernel's report file, opened before any student code runs (-1: none).
+
+    ``BOOK_SANDBOX_REPORT`` names it; or ``BOOK_SANDBOX_REPORTS`` names the run's folder of
+    reports, one per student, and the kernel's working folder, which nbgrader sets to the
+    student's folder of the course's ``autograded/`` (``BOOK_SANDBOX_STUDENTS``:
+    ``<course>/autograded/<student>/<assignment>``), says whose. The file must exist (the run
+    made it): a kernel opens its own student's and can reach no other, so whatever a student's
+    code writes there concerns that student alone.
+    """
+    path = os.environ.get("BOOK_SANDBOX_REPORT")
+    folder = os.environ.get("BOOK_SANDBOX_REPORTS")
+    students = os.environ.get("BOOK_SANDBOX_STUDENTS")
+    if not path and folder and students:
+        try:
+            parts = Path(os.getcwd()).resolve().relative_to(Path(students).resolve()).parts
+        except ValueError:
+            parts = ()
+        if parts and parts[0] not in (".", ".."):
+            path = os.path.join(folder, f"{parts[0]}.log")
+    if not path or not os.path.isfile(path):
+        return -1
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def _new_pid_namespace() -> bool:
+    """Enter new user and PID namespaces: the next child is the first process of its own PID
+    namespace, whose end ends every process in it."""
+    libc = _libc()
+    uid, gid = os.geteuid(), os.getegid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWPID) != 0:
+        return False
+    libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+    try:
+        _map_root_to(uid, gid)
+    except OSError:
+        return False
+    return True
+
+
+def folder_bytes(folder: str) -> int:
+    """The bytes the files under ``folder`` take on disk (what a scratch folder's bound counts)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
 def _kernel_main(argv: list[str]) -> int:
     """Start a sandboxed IPython kernel (nbgrader's kernel for feedback runs).
+
+    This process stays outside the sandbox and starts the kernel as its child. It adopts
+    every process started below it (:func:`.processes.become_subreaper`), gives the kernel a
+    PID namespace of its own where its policy lets it start processes and user namespaces
+    exist (a cgroup, or ``RLIMIT_NPROC``, elsewhere), bounds its scratch folder where no
+    tmpfs does, and when the kernel ends, ends every process the kernel left behind and says
+    so. None of nbgrader's descriptors reaches the kernel: its standard streams are
+    ``/dev/null``, so nothing a student's code writes or starts holds nbgrader's output.
 
     Reads ``BOOK_SANDBOX_*`` environment variables set by the kernel spec of the run:
     ``BOOK_SANDBOX_READABLE`` (extra readable folders, ``os.pathsep``-separated),
     ``BOOK_SANDBOX_MEMORY`` (bytes), ``BOOK_SANDBOX_POLICY`` (a :class:`Policy` as JSON),
     ``BOOK_SANDBOX_JAIL`` (``0``: no private view), ``BOOK_SANDBOX_REQUIRE`` (the
-    :class:`Layers` the run promised, as JSON: the kernel stops if it cannot enter them).
-    Every refusal is written to the kernel's own standard error as a ``[sandbox]`` line,
-    which nbgrader's log keeps for the instructor's summary.
+    :class:`Layers` the run promised, as JSON: the kernel stops if it cannot enter them),
+    ``BOOK_SANDBOX_REPORT`` or ``BOOK_SANDBOX_REPORTS`` (where it reports, see
+    :func:`_open_report`), ``BOOK_SANDBOX_SCRATCH_BYTES`` (the scratch folder's bound without
+    the private view; default :data:`KERNEL_SCRATCH_BYTES`). Every refusal and every stop is
+    a line of that report.
     """
-    # A module imported for the first time would have its bytecode cached beside it, which
-    # the sandbox refuses (and reports, flagging an honest student): the kernel writes none.
     sys.dont_write_bytecode = True
     die_with_parent()  # a feedback run's kernel ends with the nbgrader that started it
-    cwd = os.getcwd()
-    connection = None
-    for index, arg in enumerate(argv):
-        if arg == "-f" and index + 1 < len(argv):
-            connection = argv[index + 1]
-        elif arg.startswith("-f="):
-            connection = arg[3:]
+    connection = _connection_file(argv)
     if connection is None:
         print("usage: python -m attention_book.classroom.sandbox kernel -f CONNECTION_FILE",
               file=sys.stderr)
         return 2
+    report = _open_report()
+    write = os.write
+
+    def say(text: str) -> None:
+        if report >= 0:
+            try:
+                write(report, f"{text}\n".encode(errors="replace"))
+            except OSError:
+                pass
+
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # nbgrader's output pipe is nobody's to hold
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    policy = Policy(**json.loads(os.environ.get("BOOK_SANDBOX_POLICY", "{}")))
+    jail = os.environ.get("BOOK_SANDBOX_JAIL", "1") != "0"
+    processes.become_subreaper()
+    own_pids = False
+    containment = processes.Containment(None)
+    if policy.processes:
+        own_pids = jail and _new_pid_namespace()
+        if not own_pids:
+            containment = processes.contain_processes(KERNEL_PROCESSES)
+            containment.join()
+        if not own_pids and containment.path is None:  # inherited by the kernel
+            processes.limit_process_count(KERNEL_PROCESSES, cpu_seconds=3600)
+    import tempfile
+
+    scratch = os.path.realpath(tempfile.mkdtemp(prefix="abk-kernel-"))
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the kernel, in its own process
+        code = 0
+        try:
+            code = _kernel_child(argv, connection, policy, scratch, jail, say)
+        except BaseException as error:  # noqa: BLE001 - report it, never hang nbgrader
+            say(f"stopped: the kernel could not start ({type(error).__name__}: {error})"[:500])
+            code = 3
+        os._exit(code)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel gets it through its group
+
+    def stop(signum, frame):
+        try:
+            os.kill(child, signal.SIGKILL)
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    # without the private view the scratch folder is a plain folder: watched (in the view it
+    # is a tmpfs of a fixed size mounted on it, and the folder seen from here stays empty)
+    status = None
+    bound = int(os.environ.get("BOOK_SANDBOX_SCRATCH_BYTES", KERNEL_SCRATCH_BYTES))
+    while status is None:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        if pid == child:
+            status = wait_status
+        elif pid == 0:
+            if folder_bytes(scratch) > bound:
+                say(f"stopped: the notebook's scratch files passed {bound / 2**20:g} MB, so "
+                    "its kernel was ended")
+                stop(None, None)
+            time.sleep(0.2)
+    left = processes.end_descendants() + containment.close()
+    if left:
+        say(f"ended: {left} process(es) that the notebook's code started were still running "
+            "when its kernel ended")
+    import shutil
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    if status is None:
+        return 1
+    return os.waitstatus_to_exitcode(status) & 0xFF
+
+
+def _kernel_child(argv: list[str], connection: str, policy: Policy, scratch: str, jail: bool,
+                  say: Callable[[str], None]) -> int:
+    """The kernel itself: the sandbox's layers, then ipykernel (see :func:`_kernel_main`)."""
+    die_with_parent()
+    cwd = os.getcwd()
     with open(connection, encoding="utf-8") as handle:
         connection_text = handle.read()
     info = json.loads(connection_text)
     ports = [int(info[key]) for key in ("shell_port", "iopub_port", "stdin_port",
                                         "control_port", "hb_port") if info.get(key)]
-    policy = Policy(**json.loads(os.environ.get("BOOK_SANDBOX_POLICY", "{}")))
     required = Layers(**json.loads(os.environ.get("BOOK_SANDBOX_REQUIRE", "{}")))
     extra = [p for p in os.environ.get("BOOK_SANDBOX_READABLE", "").split(os.pathsep) if p]
     readable = [*python_roots(), package_root(), cwd, *SYSTEM_LIBRARIES, *extra]
     memory = int(os.environ.get("BOOK_SANDBOX_MEMORY", str(8 * 2**30)))
-    log = os.dup(2)  # nbgrader's log: ipykernel sends fd 2 to the notebook later
+    backend = os.environ.get("MPLBACKEND", "")
+    if not backend.startswith(("module://matplotlib_inline.", "module://attention_book.")):
+        backend = "module://matplotlib_inline.backend_inline"
     running = [False]  # refusals while ipykernel starts (probes of its own) are not reported
 
     def refused(event: str, detail: str) -> None:
         if running[0]:
             say(f"refused: {event} {detail}".strip())
 
-    def say(text: str) -> None:
-        try:
-            os.write(log, f"[sandbox] {text}\n".encode(errors="replace"))
-        except OSError:
-            pass
-
     import tempfile
 
+    # a private loopback network for workers that talk over TCP, made once ipykernel's own
+    # sockets exist: the jail keeps its capabilities until then
+    network_later = jail and policy.loopback_tcp
     jailed = False
-    if os.environ.get("BOOK_SANDBOX_JAIL", "1") != "0":
-        root = tempfile.mkdtemp(prefix="abk-kernel-")
+    if jail:
         try:
-            enter_jail(root, readable, scratch="/tmp", scratch_megabytes=256, cwd=cwd,
-                       network=False)
+            enter_jail(scratch, readable, scratch="/tmp", scratch_megabytes=256, cwd=cwd,
+                       network=False, keep_capabilities=network_later, files={
+                           "/etc/hosts": LOCAL_HOSTS} if network_later else None)
             jailed = True
         except (SandboxError, OSError) as error:
             say(f"no private file view ({error})")
-    scratch = "/tmp" if jailed else os.path.realpath(tempfile.mkdtemp(prefix="abk-kernel-"))
-    connection_copy = os.path.join(scratch, "kernel-connection.json")
+    network_later = network_later and jailed
+    own_scratch = "/tmp" if jailed else scratch
+    connection_copy = os.path.join(own_scratch, "kernel-connection.json")
     with open(connection_copy, "w", encoding="utf-8") as handle:
         handle.write(connection_text)
-    for key in list(os.environ):  # no token or secret of the grader reaches student code
-        if not key.startswith(_KERNEL_ENVIRONMENT):
-            del os.environ[key]
+    kept = student_environment()
+    os.environ.clear()  # no token or secret of the grader reaches student code
+    os.environ.update(kept)
     for key in ("HOME", "IPYTHONDIR", "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR", "XDG_CACHE_HOME",
-                "HF_HOME", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):
-        os.environ[key] = scratch
-    tempfile.tempdir = scratch
-    startup = os.path.join(scratch, "profile_default", "startup")
+                "HF_HOME", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR", "TRITON_CACHE_DIR"):
+        os.environ[key] = own_scratch
+    tempfile.tempdir = own_scratch
+    startup = os.path.join(own_scratch, "profile_default", "startup")
     os.makedirs(startup, exist_ok=True)
     open(os.path.join(startup, "README"), "w").close()  # IPython copies it otherwise
-    os.environ["PYTHONSAFEPATH"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    if "" in sys.path:
-        sys.path.remove("")
+    os.environ.update({"PYTHONSAFEPATH": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                       "MPLBACKEND": backend})
+    keep_readable_path(readable)
     # Landlock before the first thread (ipykernel starts several): it holds for all of them.
-    layers = confine(readable, [scratch], listen_ports=ports, policy=policy,
-                     filter_syscalls=False)
+    layers = confine(readable, [own_scratch], listen_ports=ports, policy=policy,
+                     filter_syscalls=False, drop_capabilities=not network_later,
+                     tcp_later=network_later)
     import matplotlib
 
-    matplotlib.use("module://matplotlib_inline.backend_inline")
+    matplotlib.use(backend)
     import matplotlib.font_manager  # noqa: F401 - the font cache is read before writes stop
     from ipykernel import kernelbase
     from ipykernel.kernelapp import IPKernelApp
@@ -871,17 +1142,25 @@ def _kernel_main(argv: list[str]) -> int:
     contained = jailed or layers.landlock > 0
     limit_resources(memory_bytes=memory, file_bytes=64 * 2**20 if contained else 0,
                     open_files=4096)
-    neuter_native_file_access(processes=policy.processes)
-    install_audit_hook(readable=readable, writable=[scratch],
-                       allow_processes=policy.processes, blocked_modules=("nbgrader",),
-                       report=refused)
     args = [a for a in argv if a != connection and not a.startswith("-f")
             and not a.startswith("--HistoryManager.hist_file")]
     app = IPKernelApp.instance()
     app.initialize(["-f", connection_copy, *args, "--HistoryManager.hist_file=:memory:"])
+    tcp = False
+    if network_later:
+        try:
+            private_loopback()
+            tcp = True
+        except SandboxError as error:
+            say(f"no private network for the chapter's workers ({error})")
+            if layers.landlock >= 4:  # TCP closed again for this thread and what it starts
+                landlock.restrict(["/"], ["/"], listen_ports=())
+    install_audit_hook(readable=readable, writable=[own_scratch],
+                       allow_processes=policy.processes, allow_network=tcp,
+                       blocked_modules=("nbgrader",), report=refused)
     filtered = False
     try:  # after ipykernel made its sockets, before any cell runs, on every thread
-        syscalls.confine(processes=policy.processes, tcp=False, all_threads=True)
+        syscalls.confine(processes=policy.processes, tcp=tcp, all_threads=True, unix=False)
         filtered = True
     except syscalls.SyscallFilterError as error:
         say(f"no seccomp filter ({error})")
@@ -890,7 +1169,7 @@ def _kernel_main(argv: list[str]) -> int:
             or (required.seccomp and not layers.seccomp):
         say(f"stopped: this kernel entered {layers.describe()}, not the {required.describe()} "
             "that the run promised")
-        os._exit(3)
+        return 3
     say(f"layers: {layers.describe()}")
     running[0] = True
     app.start()

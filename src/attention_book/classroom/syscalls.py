@@ -7,6 +7,10 @@ filter says, through libseccomp's own Python bindings (Debian's ``python3-seccom
 - **no network**: ``socket`` for any family but local (Unix) sockets is refused, so neither
   Python's ``socket`` nor native code (``torch.distributed.TCPStore``) opens one; a chapter
   whose workers talk over loopback TCP may open TCP sockets (see :data:`.sandbox.POLICIES`);
+- **no Unix socket by path**: a kernel may make no new Unix socket once its own exist
+  (``unix=False``), and an answer's process no socket at all (``sockets=False``), so neither
+  reaches a service of the instructor's account through a socket file (Landlock does not
+  fence ``connect`` on those before its ABI adds it);
 - **no new processes**: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` and
   ``execve`` are refused, unless the policy allows processes;
 - **no new threads** in an answer's process (``threads=False``): every ``clone`` is refused.
@@ -110,7 +114,8 @@ def _rule(seccomp, flt, action, name: str, *args) -> None:
 
 
 def confine(*, processes: bool = False, tcp: bool = False, all_threads: bool = False,
-            kill: bool = False, threads: bool = True) -> None:
+            kill: bool = False, threads: bool = True, unix: bool = True,
+            sockets: bool = True) -> None:
     """Load the grading filter into this process (and every process it starts).
 
     Args:
@@ -123,6 +128,10 @@ def confine(*, processes: bool = False, tcp: bool = False, all_threads: bool = F
             started before), not only to the calling one.
         threads: allow new threads (a kernel's, a rank's). Without it, and without
             ``processes``, ``clone`` is refused whatever its flags.
+        unix: allow new Unix sockets (``socket(AF_UNIX, …)``). Without it no socket can
+            reach a Unix socket by its path (the instructor's services): a pair of connected
+            sockets (``socketpair``) stays possible, and so do the sockets made before.
+        sockets: allow new sockets at all (an answer's process has the one it needs).
 
     Raises:
         SyscallFilterError: no bindings, or the kernel refused the filter.
@@ -136,11 +145,21 @@ def confine(*, processes: bool = False, tcp: bool = False, all_threads: bool = F
         for name in _NEVER:
             _rule(seccomp, flt, trap, name)
         _rule(seccomp, flt, seccomp.ERRNO(errno.ENOSYS), "clone3")
-        allowed = {socket.AF_UNIX} | ({socket.AF_INET, socket.AF_INET6} if tcp else set())
-        for family in range(64):
-            if family not in allowed:
-                _rule(seccomp, flt, trap, "socket", seccomp.Arg(0, seccomp.EQ, family))
+        # with TCP (in a network namespace of its own), also netlink's routing sockets, by which
+        # the C library lists that namespace's interfaces (gloo asks for them)
+        allowed = ({socket.AF_UNIX} if unix else set()) | (
+            {socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK} if tcp else set())
+        if sockets:
+            for family in range(64):
+                if family not in allowed:
+                    _rule(seccomp, flt, trap, "socket", seccomp.Arg(0, seccomp.EQ, family))
+        else:
+            for name in ("socket", "socketpair", "connect", "bind", "listen", "accept",
+                         "accept4"):
+                _rule(seccomp, flt, trap, name)
         if tcp:
+            _rule(seccomp, flt, trap, "socket", seccomp.Arg(0, seccomp.EQ, socket.AF_NETLINK),
+                  seccomp.Arg(2, seccomp.NE, 0))  # NETLINK_ROUTE only
             for family in (socket.AF_INET, socket.AF_INET6):
                 for kind in range(2, 11):  # datagram, raw, packet, ...: only streams
                     _rule(seccomp, flt, trap, "socket", seccomp.Arg(0, seccomp.EQ, family),
