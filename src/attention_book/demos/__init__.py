@@ -6,7 +6,8 @@ script then recomputes the same formula in the browser whenever the
 reader moves the control. That keeps the demos alive on the static website,
 where no Python runs behind an ipywidget.
 
-One module per demo (``temperature``, ``mask_editor``, ``query_picker``, ``ambiguity``); the
+One module per demo (``temperature``, ``mask_editor``, ``query_picker``, ``ambiguity``, and
+``induction``, which trains chapter 15's model in the page); the
 CSS and JavaScript are real files in ``assets/``, shipped with the package and read with
 ``importlib.resources`` (``page``). Every demo's root element carries the CSS class
 ``ab-demo`` and a ``data-demo`` attribute naming it; the part that changes has the class
@@ -27,6 +28,14 @@ from .ambiguity import (
     export_classifier,
     read_sentence,
 )
+from .induction import (
+    DEMO_SETTINGS,
+    demo_model,
+    demo_probe,
+    export_parameters,
+    induction_training_demo,
+    parameters_from_export,
+)
 from .mask_editor import mask_editor_demo
 from .query_picker import query_picker_demo
 from .temperature import temperature_demo
@@ -42,4 +51,10 @@ __all__ = [
     "ambiguity_demo",
     "EXPORT_DECIMALS",
     "CLEAR_FOCUS",
+    "DEMO_SETTINGS",
+    "demo_model",
+    "demo_probe",
+    "export_parameters",
+    "parameters_from_export",
+    "induction_training_demo",
 ]
