@@ -46,8 +46,8 @@ os.environ["MPLBACKEND"] = "module://attention_book._figure_check_inline"
 # with a long one at the end.
 
 _BOOK_FILES = ("tests/test_book_build.py", "tests/test_browser.py",
-               "tests/test_browser_minute_demo.py", "tests/test_practice_links.py",
-               "tests/test_pages_workflow.py")
+               "tests/test_browser_minute_demo.py", "tests/test_browser_training_demo.py",
+               "tests/test_practice_links.py", "tests/test_pages_workflow.py")
 _ONE_GROUP_EACH = (
     "tests/test_code_paths.py::test_chapter_under_another_code_path_from_the_wheel_with_its_",
 )

@@ -9,7 +9,8 @@
    * looks for the words as typed (from the page's `?q=`), then for their stems, at the start
      of a word;
    * reads only the article's prose first (no buttons, contents lists, code cells or their
-     outputs), then the whole article when the prose has no match;
+     outputs), then the whole article when the prose has no match; for a result that points at
+     an entry of the API reference or a section, only that entry or section;
    * shows the first sentence with the most of the words (up to 240 characters around the
      match), with inline maths written plainly (`√d_k`, not `\(\sqrt{d_k}\)`) and display
      maths as "(a formula)";
@@ -80,11 +81,31 @@
       (start + LENGTH < best.length ? "..." : "");
   }
 
+  // Each result fetches its page, and many results can share one (the API reference, 1.3 MB,
+  // holds every function): parse each page once.
+  const parsed = new Map();
+  function parse(htmlText) {
+    if (!parsed.has(htmlText)) {
+      parsed.set(htmlText, new DOMParser().parseFromString(htmlText, "text/html"));
+    }
+    return parsed.get(htmlText);
+  }
+
+  // The part of the page a result points at: an API entry (its signature and description, by
+  // its id, which has dots: not a CSS selector) or a section; the article when there is none.
+  function target(page, main, anchor) {
+    const element = anchor && anchor.startsWith("#") ? page.getElementById(anchor.slice(1)) : null;
+    if (element && element.tagName === "DT" && element.parentElement.tagName === "DL") {
+      return element.parentElement;
+    }
+    return (element && main.contains(element) && element) || main.querySelector("article") || main;
+  }
+
   function summary(htmlText, keywords, anchor) {
-    const page = new DOMParser().parseFromString(htmlText, "text/html");
+    const page = parse(htmlText);
     const main = page.querySelector('[role="main"]');
     if (!main) { return null; }
-    const article = (anchor && main.querySelector(anchor)) || main.querySelector("article") || main;
+    const article = target(page, main, anchor);
     const words = [...new Set([...typedWords(), ...[...keywords].map(k => k.toLowerCase())])];
     for (const drop of [`${NOT_TEXT}, ${NOT_PROSE}`, NOT_TEXT]) {
       const sentence = bestSentence(textOf(article, drop), words);

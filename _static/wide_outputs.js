@@ -4,7 +4,8 @@
    * bertviz's attention views are SVG drawings of a fixed size (the model view is 970 px wide):
      they are scaled down to the column, to 60 % at most (below that their labels could not be
      read); what is still wider scrolls;
-   * a box that scrolls sideways (a code cell, display maths, a view scaled as far as it goes)
+   * a box that scrolls sideways (a code cell, display maths, a view scaled as far as it goes,
+     a figure shown at its readable width on a phone: figure_fit.js)
      gets the class `ab-scrolls-x`: custom.css fades its right edge, the cue that there is more,
      until the reader has scrolled to the end (`ab-scrolled-to-end`); it is also made
      focusable, so the keyboard can scroll it.
@@ -13,7 +14,7 @@
 (() => {
   const MIN_SCALE = 0.6;
   const SCROLLERS = "main pre, main div.math, main mjx-container[display=\"true\"], " +
-    "main .cell_output > .output, main .pst-scrollable-table-container";
+    "main .cell_output > .output, main .pst-scrollable-table-container, main div.ab-figure";
 
   // Give a drawn bertviz SVG a viewBox, so that CSS can scale it between MIN_SCALE and 1.
   function fitBertviz(root) {

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checker_agreement import pytest_runtest_call  # noqa: F401 - a hook: "Correct" is full marks
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,13 +13,13 @@ sideways shows its cue, and every demo (chapter 9's probabilities included) is o
 phone-size screenshots are saved under ``_build/screenshots/phone/``. The accessibility scan
 runs at desktop size only.
 
-Still in the same visit: on the phone, no figure may be narrower than half the column, and
-every figure shown at under half its natural width must open at full size with one tap (it is
-a link to its own image file, ``_ext/figure_links.py``); printed on A4 (print media, a 718 px
-column), no line of code may run past the page; and in dark mode every text of a demo must
-reach a contrast of 4.5:1 (WCAG AA). Two tests make visits of their own: the search page (snippets quote the
-sentence with the word typed, ``_static/search_summary.js``) and one tap on a figure on a
-phone.
+Still in the same visit: on the phone, every figure's smallest text must be at least 9 CSS px
+as drawn (its font size and dpi, measured by ``tools/figure_text.py``, times the width the
+browser gives it; ``_ext/figure_links.py``); printed on A4 (print media, a 718 px column), no
+line of code may run past the page; and in dark mode every text of a demo must reach a
+contrast of 4.5:1 (WCAG AA). Two tests make visits of their own: the search page (snippets
+quote the sentence with the word typed, ``_static/search_summary.js``) and two taps on a wide
+figure on a phone (it fits the screen, then comes back to its readable width).
 
 Chromium: ``tools/ensure_chromium.sh`` (run by ``make test``) installs Debian's ``chromium`` when
 it is missing; set ``CHROMIUM`` to use another Chromium or Chrome binary. A missing browser is a
@@ -29,6 +29,7 @@ test failure, never a skip.
 from __future__ import annotations
 
 import functools
+import hashlib
 import html.parser
 import importlib.util
 import json
@@ -203,8 +204,8 @@ IMAGES_JS = """() => [...document.querySelectorAll("img")].map(img => ({
   content: !!img.closest("article.bd-article"),
   linked: !!img.closest("a[href]") && img.closest("a[href]").href === img.src}))"""
 
-# On a phone: how wide each figure of the article is shown, against its natural width and
-# the column's; `linked` when one tap on it opens its own image file.
+# How wide each figure of the article is shown (CSS px), against its natural width and the
+# column's; `file`: its image file, whose name is the SHA-256 of the PNG.
 FIGURES_JS = """() => {
   const article = document.querySelector("article.bd-article");
   if (!article) { return []; }
@@ -212,8 +213,8 @@ FIGURES_JS = """() => {
   const column = article.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
   return [...article.querySelectorAll("img")].filter(img => img.checkVisibility()).map(img => {
     const link = img.closest("a[href]");
-    return {src: img.getAttribute("src").split("/").pop().slice(0, 16),
-            width: Math.round(img.getBoundingClientRect().width), natural: img.naturalWidth,
+    return {file: img.getAttribute("src").split("/").pop(),
+            width: img.getBoundingClientRect().width, natural: img.naturalWidth,
             column: Math.round(column), linked: !!link && link.href === img.src};
   });
 }"""
@@ -417,6 +418,20 @@ def _use_table_of_contents(page, desktop: bool) -> dict:
     return result
 
 
+# A full-page screenshot stops here: the API reference is some 300,000 px tall on a phone, and
+# a picture of all of it would take long to make and nobody would look at it.
+MAX_SCREENSHOT_PX = 40_000
+
+
+def _screenshot(page, path: Path) -> None:
+    """A screenshot of the whole page, or of its first MAX_SCREENSHOT_PX if it is taller."""
+    width, height = page.evaluate(
+        "() => [document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+    clip = ({"x": 0, "y": 0, "width": width, "height": MAX_SCREENSHOT_PX}
+            if height > MAX_SCREENSHOT_PX else None)
+    page.screenshot(path=str(path), full_page=True, clip=clip)
+
+
 def _on_screen(page, site, report: PageReport, width: int, height: int) -> dict:
     """Narrow (or widen) the window to ``width`` x ``height`` and record what the reader sees."""
     page.set_viewport_size({"width": width, "height": height})
@@ -432,7 +447,7 @@ def _on_screen(page, site, report: PageReport, width: int, height: int) -> dict:
         folder = site.screenshots / "phone"
         folder.mkdir(exist_ok=True)
         shown["screenshot"] = folder / f"{report.docname.replace('/', '__')}.png"
-        page.screenshot(path=str(shown["screenshot"]), full_page=True)
+        _screenshot(page, shown["screenshot"])
     return shown
 
 
@@ -581,7 +596,7 @@ def visit(browser, site, docname: str) -> PageReport:
         )
         report.axe_violations = _run_axe(page)
         report.screenshot = site.screenshots / f"{docname.replace('/', '__')}.png"
-        page.screenshot(path=str(report.screenshot), full_page=True)
+        _screenshot(page, report.screenshot)
         # Interacting changes the page, so it comes after the scan and the screenshot.
         report.bertviz = page.evaluate(BERTVIZ_JS, False)
         report.bertviz_outputs = page.evaluate(BERTVIZ_OUTPUTS_JS)
@@ -881,32 +896,69 @@ def test_demos_and_attention_views_are_on_screen(page_report, docname):
                 "box (_static/wide_outputs.js scales them)")
 
 
-def test_every_figure_is_readable_on_a_phone(page_report):
-    """On a 390 px phone, counted over the whole book (so the messages say how many):
+SMALLEST_TEXT_CSS_PX = 9.0
 
-    - no figure is narrower than half the column: a figure that small stays small when it is
-      opened on its own, so only redrawing it helps;
-    - every figure shown at under half its natural width (its labels a few pixels high) opens
-      at full size with one tap: it is a link to its own image file (_ext/figure_links.py), so
-      no reader has to pinch-zoom the page to read it.
+
+def _figure_text() -> dict[str, dict]:
+    """Each figure's smallest text (points) and dpi, by PNG SHA-256 (tools/figure_text.py)."""
+    table = json.loads((ROOT / "_ext" / "figure_text.json").read_text(encoding="utf-8"))
+    return table["figures"]
+
+
+def _png_dpi(data: bytes) -> float | None:
+    """The dpi a PNG records in its pHYs chunk (pixels per metre), None without one."""
+    at = 8
+    while at + 8 <= len(data):
+        length = int.from_bytes(data[at:at + 4], "big")
+        kind = data[at + 4:at + 8]
+        if kind == b"pHYs" and data[at + 16] == 1:  # unit 1: the metre
+            return round(int.from_bytes(data[at + 8:at + 12], "big") * 0.0254, 2)
+        if kind == b"IDAT":
+            return None
+        at += 12 + length
+    return None
+
+
+def test_every_figure_is_readable_on_a_phone(page_report, site):
+    """On a 390 px phone no figure's smallest text is under 9 CSS px, counted over the book.
+
+    A figure's smallest text is ``pt`` points drawn at ``dpi`` dots per inch: ``pt * dpi / 72``
+    pixels of its PNG (tools/figure_text.py measured both when it ran the chapters; the dpi is
+    also the one the PNG records). Shown ``width`` CSS px wide, the PNG's ``natural`` pixels are
+    scaled by ``width / natural``, so that text is ``pt * dpi / 72 * width / natural`` CSS px.
+    No figure may be narrower than half the column either: a figure that small is a thumbnail.
     """
-    narrow, small, unreadable, figures = [], [], [], 0
+    measured = _figure_text()
+    too_small, unmeasured, narrow, figures = [], [], [], 0
+    smallest = None
     for docname in PAGES:
         for figure in page_report(docname).screens[PHONE[0]]["figures"]:
             figures += 1
+            data = (site.html_dir / "_images" / figure["file"]).read_bytes()
+            row = measured.get(hashlib.sha256(data).hexdigest())
+            if row is None:
+                unmeasured.append(f"{docname}: {figure['file']}")
+                continue
+            assert _png_dpi(data) == row["dpi"], (docname, figure["file"], _png_dpi(data), row)
+            text_px = row["smallest_pt"] * row["dpi"] / 72 * figure["width"] / figure["natural"]
+            smallest = text_px if smallest is None else min(smallest, text_px)
+            if text_px < SMALLEST_TEXT_CSS_PX:
+                too_small.append(f"{docname} figure {row['index']}: {row['smallest_pt']} pt "
+                                 f"text ({row['smallest_text']!r}) at {text_px:.1f} px, the figure "
+                                 f"{figure['width']:.0f} of its {figure['natural']} px wide")
             if figure["width"] < figure["column"] / 2:
                 narrow.append(f"{docname}: {figure}")
-            if figure["width"] < figure["natural"] / 2:
-                small.append(docname)
-                if not figure["linked"]:
-                    unreadable.append(f"{docname}: {figure}")
     assert figures >= 50, f"only {figures} figures on the phone: were the pages' images loaded?"
+    assert unmeasured == [], (
+        f"{len(unmeasured)} of {figures} figures have no measured text size (a chapter's figure "
+        "changed?): run tools/figure_text.py on their chapters. " + ", ".join(unmeasured))
+    assert too_small == [], (
+        f"{len(too_small)} of {figures} figures show text under {SMALLEST_TEXT_CSS_PX} CSS px on "
+        f"a {PHONE[0]} px phone: {too_small}")
     assert narrow == [], (
         f"{len(narrow)} of {figures} figures are narrower than half the {PHONE[0]} px phone's "
         f"column: {narrow}")
-    assert unreadable == [], (
-        f"{len(small)} of {figures} figures show at under half their width on a {PHONE[0]} px "
-        f"phone; these cannot be opened at full size with a tap: {unreadable}")
+    assert smallest is not None and smallest >= SMALLEST_TEXT_CSS_PX
 
 
 @pages
@@ -917,29 +969,32 @@ def test_every_figure_links_to_its_full_size_image(page_report, docname):
     assert unlinked == [], f"{docname}: these figures are not links to their image: {unlinked}"
 
 
-def test_one_tap_opens_a_figure_at_full_size(browser, site):
-    """On a touch phone, tapping chapter 3's three-panel heatmap opens the image file itself."""
+def test_one_tap_fits_a_wide_figure_and_another_brings_it_back(browser, site):
+    """On a touch phone, chapter 3's 1584 px heatmaps show at their readable width and scroll;
+    a tap fits the whole figure to the column, a second tap brings the readable width back,
+    and neither leaves the page (_static/figure_fit.js)."""
     context = _context(browser, viewport={"width": PHONE[0], "height": PHONE[1]},
                        is_mobile=True, has_touch=True)
     try:
         page = context.new_page()
-        page.goto(urljoin(site.base_url, "chapters/03_trainable_qkv.html"), wait_until="load")
-        links = page.locator("article.bd-article a.ab-full-size")
+        url = urljoin(site.base_url, "chapters/03_trainable_qkv.html")
+        page.goto(url, wait_until="load")
         page.wait_for_function("() => [...document.querySelectorAll('a.ab-full-size img')]"
                                ".every(img => img.complete && img.naturalWidth > 0)")
-        small = page.evaluate("() => [...document.querySelectorAll('article.bd-article "
-                              "a.ab-full-size img')].findIndex(img => "
-                              "2 * img.getBoundingClientRect().width < img.naturalWidth)")
-        assert small >= 0, "chapter 3 has no figure shown at under half its width on a phone"
-        link = links.nth(small)
-        link.scroll_into_view_if_needed()
-        shown = link.locator("img").evaluate("img => [img.getBoundingClientRect().width, "
-                                             "img.naturalWidth, img.src]")
-        with page.expect_navigation():
-            link.tap()
-        size = page.evaluate("() => { const img = document.querySelector('img'); "
-                             "return img ? img.naturalWidth : 0; }")
-        assert page.url == shown[2] and size == shown[1] > 2 * shown[0], (page.url, size, shown)
+        box = page.locator("article.bd-article div.ab-figure.ab-figure-wide").first
+        box.wait_for()
+        image = box.locator("a.ab-full-size img")
+        width_js = "img => img.getBoundingClientRect().width"
+        readable, column = image.evaluate(width_js), box.evaluate("box => box.clientWidth")
+        assert readable > column + 1, (readable, column)  # wider than its box: it scrolls
+        image.scroll_into_view_if_needed()
+        image.tap()  # a reader taps the picture
+        page.wait_for_function("box => box.classList.contains('ab-fit')", arg=box.element_handle())
+        fitted = image.evaluate(width_js)
+        assert fitted <= column + 1 and page.url == url, (fitted, column, page.url)
+        image.tap()
+        page.wait_for_function("box => !box.classList.contains('ab-fit')", arg=box.element_handle())
+        assert image.evaluate(width_js) == readable and page.url == url
     finally:
         context.close()
 
@@ -991,28 +1046,35 @@ def test_answer_toggles_say_what_they_hide(page_report, docname):
     assert toggles.count("Show the model answer") == answers > 0, (docname, answers, toggles)
 
 
+# A page's result gets a snippet (p.context) once its page is fetched; a result that is an
+# entry of the API reference (a function, a class) gets Sphinx's description of it instead
+# ("Python function, in The package: API reference"), and its title is the entry's name.
 SEARCH_DONE_JS = """() => /Search finished/.test((document.querySelector("#search-results") ||
     document.body).innerText) && [...document.querySelectorAll("#search-results li")]
-    .every(item => item.querySelector("p.context"))"""
+    .every(item => item.querySelector("p.context") || item.querySelector(":scope > span"))"""
 
 
 def _search(page, site, query: str) -> dict[str, str]:
+    """{page: its snippet} for the pages found, and {page#entry: its name} for API entries."""
     page.goto(urljoin(site.base_url, f"search.html?q={query}"), wait_until="load")
     page.wait_for_function(SEARCH_DONE_JS)
     return dict(page.evaluate("""() => [...document.querySelectorAll("#search-results li")]
-        .map(item => [item.querySelector("a").getAttribute("href").split("#")[0],
-                      item.querySelector("p.context").innerText])"""))
+        .map(item => { const link = item.querySelector("a"), snippet = item.querySelector("p.context");
+          return snippet ? [link.getAttribute("href").split("#")[0], snippet.innerText]
+                         : [link.getAttribute("href"), link.innerText]; })"""))
 
 
 def test_search_snippets_quote_the_sentence_with_the_word(browser, site):
     """'rotary' is stemmed to 'rotari', which Sphinx's own snippet never finds: the snippet
-    must be a sentence of chapter 12 with the word, not the page's buttons or contents list."""
+    must be a sentence of chapter 12 with the word, not the page's buttons or contents list.
+    The API reference's entries are found by name (rotary_embedding)."""
     context = _context(browser, viewport={"width": DESKTOP[0], "height": DESKTOP[1]})
     try:
         page = context.new_page()
         snippets = _search(page, site, "rotary")
         chapter = snippets.get("chapters/12_positions_in_attention.html", "")
         assert re.search(r"\brotary\b", chapter, re.I) and len(chapter) > 40, snippets
+        assert "api.html#attention_book.positions.rotary_embedding" in snippets, snippets
         for snippet in snippets.values():
             assert "rotary" in snippet.lower() and not re.match(r"\W*(Binder|Repository)", snippet), (
                 snippets)

@@ -260,8 +260,119 @@ def test_training_on_repeats_runs_where_the_model_lives(device, dtype):
     assert 0.0 <= induction_accuracy(model, probe) <= 1.0
 
 
-def test_checkers_accept_answers_that_come_back_on_another_device(device):
-    assert check_row_normalise(lambda x: (x / x.sum(dim=-1, keepdim=True)).to(device))
+class _Elsewhere(torch.Tensor):
+    """A CPU tensor that acts as if it lived on another device, so that the CPU run catches
+    what a GPU run would: an operation that mixes it with a CPU tensor (other than a number)
+    raises PyTorch's error for two devices; ``.cpu()`` and ``.to("cpu")`` bring it back."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        targets = [a for a in (*args[1:], *kwargs.values()) if isinstance(a, (str, torch.device))]
+        if func is torch.Tensor.cpu or (func is torch.Tensor.to and targets
+                                        and torch.device(targets[0]).type == "cpu"):
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs).as_subclass(torch.Tensor)
+        flat = torch.utils._pytree.tree_leaves((args, kwargs))
+        if any(isinstance(a, cls) for a in flat) and any(
+                isinstance(a, torch.Tensor) and not isinstance(a, cls) and a.dim() > 0
+                for a in flat):
+            raise RuntimeError("Expected all tensors to be on the same device, but found at "
+                               "least two devices, elsewhere:0 and cpu!")
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def _moved(value, device):
+    """``value`` with its tensors on ``device``; on the CPU, on the stand-in ``_Elsewhere``."""
+    if isinstance(value, torch.Tensor):
+        return value.as_subclass(_Elsewhere) if device.type == "cpu" else value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_moved(item, device) for item in value)
+    return value
+
+
+def _returns_on(device, answer):
+    """The answer, computing on the CPU as given but returning its tensors on ``device``."""
+    def moved(*args, **kwargs):
+        return _moved(answer(*args, **kwargs), device)
+
+    return moved
+
+
+def _right_answers():
+    """(checker, right answer) for answers that return a tensor, a bool tensor, a pair or a
+    triple, through the checkers' three ways of calling an answer (``call``, chapter 3's
+    ``_call_with_hint``, chapter 7's ``_call_explained``)."""
+    from attention_book.exercises import (
+        check_combine,
+        check_cross_attention,
+        check_prefix_lm_mask,
+        check_split_merged,
+        check_stable_softmax,
+        check_weight_matrix_test,
+    )
+
+    def stable_softmax(x, dim=-1):
+        exp = torch.exp(x - x.amax(dim=dim, keepdim=True))
+        return exp / exp.sum(dim=dim, keepdim=True)
+
+    def cross_attention(x_q, x_kv, w_query, w_key, w_value):
+        keys = x_kv @ w_key
+        weights = torch.softmax((x_q @ w_query) @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5,
+                                dim=-1)
+        return weights @ (x_kv @ w_value), weights
+
+    def combine(state_a, state_b):
+        (m_a, l_a, o_a), (m_b, l_b, o_b) = state_a, state_b
+        m = torch.maximum(m_a, m_b)
+        shift = torch.where(m.isfinite(), m, 0.0)
+        scale_a, scale_b = torch.exp(m_a - shift), torch.exp(m_b - shift)
+        return m, l_a * scale_a + l_b * scale_b, o_a * scale_a + o_b * scale_b
+
+    def split_merged(merged, d_out):
+        u, s, vh = torch.linalg.svd(merged)
+        root = s[:d_out].sqrt()
+        return u[:, :d_out] * root, vh[:d_out].T * root
+
+    def is_weight_matrix(w):
+        sums = w.sum(dim=-1)
+        return (w >= 0).all() & torch.isclose(sums, torch.ones_like(sums)).all()
+
+    return [
+        (check_row_normalise, lambda x: x / x.sum(dim=-1, keepdim=True)),
+        (check_stable_softmax, stable_softmax),
+        (check_cross_attention, cross_attention),
+        (check_prefix_lm_mask, lambda prefix, num: torch.ones(num, num, dtype=torch.bool).tril()
+         | (torch.arange(num) < prefix)[None, :]),
+        (check_combine, combine),
+        (check_split_merged, split_merged),
+        (check_weight_matrix_test, is_weight_matrix),
+    ]
+
+
+@pytest.mark.parametrize(("checker", "answer"), _right_answers(),
+                         ids=lambda value: getattr(value, "__name__", ""))
+def test_checkers_accept_answers_that_come_back_on_another_device(device, checker, answer, capsys):
+    """A learner on a GPU returns tensors there: the checkers compare them where their
+    references are. Here with CUDA under ``make test-gpu``, on the CPU with a stand-in."""
+    assert checker(answer) is True, capsys.readouterr().out
+    assert checker(_returns_on(device, answer)) is True, capsys.readouterr().out
+
+
+def test_the_stand_in_for_another_device_fails_as_another_device_does(monkeypatch, capsys):
+    """The stand-in raises where a second device would, so the test above can fail on a CPU:
+    without ``on_cpu`` in the checkers' ``call`` the checker cannot use the answer."""
+    elsewhere = torch.ones(2, 3).as_subclass(_Elsewhere)
+    with pytest.raises(RuntimeError, match="two devices"):
+        elsewhere + torch.ones(2, 3)
+    assert type(elsewhere.cpu()) is torch.Tensor and type(elsewhere.to("cpu")) is torch.Tensor
+    assert torch.equal(elsewhere.cpu() * 2, torch.full((2, 3), 2.0))
+    from attention_book.exercises import feedback
+
+    monkeypatch.setattr(feedback, "on_cpu", lambda value: value)
+    answer = _returns_on(torch.device("cpu"), lambda x: x / x.sum(dim=-1, keepdim=True))
+    assert check_row_normalise(answer) is False
+    assert "two devices" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -548,12 +659,68 @@ def test_no_factory_in_sparse_attention_forgets_the_device(default_device_meta):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_delta_rule_and_the_recurrent_layers_follow_their_inputs(device, dtype):
+    """Chapter 18. In bfloat16 the chunks solve their triangular systems in float32 (torch has
+    no 16-bit triangular solve, on the CPU or on CUDA) and give back bfloat16."""
+    query, key, value = (_randn(2, 3, 20, 8, device=device, dtype=dtype, seed=s) for s in (20, 21, 22))
+    key = torch.nn.functional.normalize(key, dim=-1)
+    beta = torch.rand(2, 3, 20, generator=torch.Generator().manual_seed(23)).to(device, dtype)
+    decay = -torch.rand(2, 3, 20, generator=torch.Generator().manual_seed(24)).to(device, dtype)
+    exact = ab.delta_rule(*(t.double().cpu() for t in (query, key, value, beta)),
+                          decay=decay.double().cpu())
+    for chunk_size in (None, 8):
+        out, state = ab.delta_rule(query, key, value, beta, decay=decay, chunk_size=chunk_size)
+        _same_place(out, device, dtype)
+        _same_place(state, device, dtype)
+        _close(out, exact[0], dtype)
+        _close(state, exact[1], dtype)
+    _same_place(ab.linear_attention(query, key, value), device, dtype)
+    torch.manual_seed(0)
+    for layer in (ab.GatedDeltaNet(16, 2, chunk_size=4), ab.LinearAttentionLayer(16, 2)):
+        layer.to(device, dtype).eval()
+        x = _randn(2, 11, 16, device=device, dtype=dtype, seed=25)
+        with torch.no_grad():
+            full = layer(x)
+            cache = layer.new_cache()
+            steps = [layer(x[:, :6], kv_cache=cache)] + [layer(x[:, t:t + 1], kv_cache=cache)
+                                                         for t in range(6, 11)]
+        _same_place(full, device, dtype)
+        _same_place(cache.memory, device, dtype)
+        _close(torch.cat(steps, dim=1), full, dtype)
+
+
+def test_no_factory_in_linear_attention_forgets_the_device(default_device_meta):
+    cpu = torch.device("cpu")
+    query = torch.linspace(-1, 1, 40, device=cpu).view(1, 2, 5, 4)  # (B, H, T, d)
+    beta = torch.full((1, 2, 5), 0.5, device=cpu)
+    for chunk_size in (None, 2):
+        for dtype in (torch.float32, torch.bfloat16):
+            out, state = ab.delta_rule(query.to(dtype), query.to(dtype), query.to(dtype),
+                                       beta.to(dtype), decay=-beta.to(dtype), chunk_size=chunk_size)
+            _same_place(out, cpu, dtype)
+            _same_place(state, cpu, dtype)
+    _same_place(ab.linear_attention(query, query, query), cpu, torch.float32)
+    torch.manual_seed(0)
+    for layer in (ab.GatedDeltaNet(8, 2, chunk_size=2, device=cpu),
+                  ab.LinearAttentionLayer(8, 2, device=cpu)):
+        x = torch.ones(1, 5, 8, device=cpu)
+        cache = layer.new_cache()
+        with torch.no_grad():
+            _same_place(layer(x), cpu, torch.float32)
+            _same_place(layer(x[:, :1], kv_cache=cache), cpu, torch.float32)
+        _same_place(cache.memory, cpu, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_sparse_attention_stays_on_the_inputs_device(device, dtype):
     query = _randn(1, 4, 6, 8, device=device, dtype=dtype)
     key = _randn(1, 2, 6, 8, device=device, dtype=dtype, seed=1)
     scores = _randn(1, 6, 6, device=device, dtype=dtype, seed=2)
     output = ab.topk_attention(query, key, key, scores, 3)
     _same_place(output, device, dtype)
+    block_mask = ab.block_topk_mask(scores, 2, block_size=2)  # pooled on the scores' device
+    _same_place(block_mask.full_kv_indices, device, torch.int32)
+    assert block_mask.to_dense()[0, 0].sum(dim=1).tolist() == [1, 2, 2]
     expected = ab.topk_attention(query.double().cpu(), key.double().cpu(), key.double().cpu(),
                                  scores.double().cpu(), 3)
     _close(output, expected, dtype)

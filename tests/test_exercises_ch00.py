@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checker_asserts import assert_fails, assert_passes, unwritten
+from checker_asserts import assert_fails, assert_passes, assert_rejected, unwritten
 
 from attention_book.exercises import (
     check_predicted_shapes,
@@ -37,6 +37,12 @@ def test_each_usual_slip_gets_its_own_hint(answer, phrase, capsys):
     out = assert_fails(check_row_normalise, answer, capsys, phrase)
     assert out.startswith("Not yet. The check that failed: each row of the normalised (4, 4) "
                           "matrix is divided by its own sum")
+
+
+def test_a_sum_clamped_at_1_fails_on_rows_that_sum_to_less(capsys):
+    """The recheck's D11: rows summing below 1 must grow; every matrix had sums above 1."""
+    assert_rejected(check_row_normalise, lambda x: x / x.sum(dim=-1, keepdim=True).clamp(min=1),
+                    capsys, "Rows whose sum is below 1 must grow", "(3, 5)")
 
 
 def test_a_wrong_answer_without_a_named_slip_gets_values_and_the_general_hint(capsys):
@@ -215,6 +221,21 @@ def test_a_good_test_passes(capsys):
 ])
 def test_each_weak_test_fails_with_the_case_it_got_wrong(answer, phrase, capsys):
     assert_fails(check_weight_matrix_test, answer, capsys, phrase)
+
+
+# The recheck's D3 (chapters-12-17-recheck-v2): tests that average the rows, or bound the
+# entries above only, passed the checker (and the last one failed only the hidden tests).
+@pytest.mark.parametrize(("answer", "phrase"), [
+    (lambda w: bool((w >= 0).all() and torch.isclose(
+        w.sum(), torch.tensor(float(w[..., 0].numel()), dtype=w.dtype))), "average 1"),
+    (lambda w: bool((w >= 0).all() and torch.isclose(
+        w.sum(dim=-1).mean(), torch.tensor(1.0, dtype=w.dtype))), "average 1"),
+    (lambda w: bool(torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1))) and (w <= 1).all()),
+     "[0.75, 0.5, -0.25]"),
+])
+def test_tests_of_averaged_rows_or_an_upper_bound_fail_the_checker_and_the_hidden_tests(
+        answer, phrase, capsys):
+    assert_rejected(check_weight_matrix_test, answer, capsys, phrase)
 
 
 def test_the_rejected_columns_case_names_columns(capsys):

@@ -341,6 +341,28 @@ def test_the_first_word_model_shows_only_in_far_swaps_of_a_word_said_three_times
     assert changed == {(0, 4), (0, 5), (0, 6)}
 
 
+def _reversed_others(model, token_ids, word_index):
+    """The recheck's D4: one permutation, the other words in reverse order. On a sentence whose
+    other words read the same at both ends it moves neither the first word nor the last."""
+    num_tokens = token_ids.numel()
+    lengths, where = torch.tensor([num_tokens]), torch.tensor([word_index])
+    others = [i for i in range(num_tokens) if i != word_index]
+    permuted = token_ids.clone()
+    permuted[others] = token_ids[others[::-1]]
+    with torch.no_grad():
+        return torch.allclose(model(permuted[None], lengths, where),
+                              model(token_ids[None], lengths, where), atol=1e-6)
+
+
+def test_one_permutation_fails_the_checker_and_the_hidden_tests(capsys):
+    """Reversing the other words once passed the checker but not the hidden tests (D4)."""
+    out = _fails(check_is_order_blind, _reversed_others, "notices that order matters",
+                 "[6, 3, 8, 1, 5, 6]", capsys=capsys)
+    assert "try every pair" in out
+    assert not passes_hidden_tests("09_training_attention.ipynb", "ch09-ex2-check",
+                                   is_order_blind=_reversed_others)
+
+
 def test_the_hidden_tests_of_ex92_reject_every_weak_test():
     notebook, grade_id = "09_training_attention.ipynb", "ch09-ex2-check"
     assert passes_hidden_tests(notebook, grade_id, is_order_blind=_order_test())

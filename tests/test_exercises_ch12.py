@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from checker_asserts import assert_fails, assert_passes, unwritten
+from checker_asserts import assert_fails, assert_passes, assert_rejected, unwritten
 from hidden_tests import passes_hidden_tests
 
 import attention_book as ab
@@ -265,7 +265,7 @@ def decodes_like_full_pass(layer, x):
 
 def test_property_test_right_answer(capsys):
     out = assert_passes(check_decodes_like_full_pass, decodes_like_full_pass, capsys)
-    assert "catches all 7 broken ones" in out
+    assert "catches all 10 broken ones" in out
     assert passes_hidden_tests("12_positions_in_attention.ipynb", "ch12-ex5-check",
                                decodes_like_full_pass=decodes_like_full_pass)
 
@@ -373,6 +373,35 @@ def test_weak_property_tests_are_rejected(weak_test, missed, capsys):
                  "your test catches a broken layer", missed, "a bug can show at any depth")
     assert not passes_hidden_tests("12_positions_in_attention.ipynb", "ch12-ex5-check",
                                    decodes_like_full_pass=weak_test)
+
+
+# The recheck's D2 (chapters-12-17-recheck-v2): three weak tests passed the checker and the
+# hidden tests, because every broken layer went wrong in every call with a cache, in every
+# sequence of the batch and in feature 0.
+def first_sequence_only(layer, x):
+    return decodes_like_full_pass(layer, x[:1])
+
+
+def prefill_all_but_the_last(layer, x):
+    cache = KVCache(x.size(-2))
+    with torch.no_grad():
+        full = layer(x)
+        steps = [layer(x[:, :-1], kv_cache=cache), layer(x[:, -1:], kv_cache=cache)]
+    return torch.allclose(torch.cat(steps, dim=-2), full, atol=1e-5)
+
+
+def feature_zero_only(layer, x):
+    return _decode_and_compare(layer, x, lambda d, f: _all_close(d[..., 0], f[..., 0]))
+
+
+@pytest.mark.parametrize(("weak_test", "missed"), [
+    (first_sequence_only, "wrong in every sequence of the batch but the first"),
+    (prefill_all_but_the_last, "one-token calls"),
+    (feature_zero_only, "last feature 0"),
+])
+def test_tests_of_one_sequence_one_prefill_or_one_feature_are_rejected(weak_test, missed, capsys):
+    assert_rejected(check_decodes_like_full_pass, weak_test, capsys,
+                    "your test catches a broken layer", missed, "every sequence of the batch")
 
 
 def test_a_test_on_its_own_short_input_is_rejected(capsys):

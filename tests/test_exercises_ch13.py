@@ -331,21 +331,23 @@ def test_flex_sink_wrong_shape(capsys):
 
 
 def test_streaming_prediction_right_answer(capsys):
-    answer = (torch.tensor([0.5, 1.0]), [0.625, 0.0], 1.0)
+    answer = (torch.tensor([0.5, 0.8]), [0.625, 0.0], 0.8)
     out = assert_passes(check_streaming_prediction, lambda: answer, capsys)
     assert "exactly what tokens 2 ... 5 added" in out
     assert passes_hidden_tests(NOTEBOOK, "ch13-ex5-check", predicted_streaming=lambda: answer)
 
 
 @pytest.mark.parametrize(("answer", "phrase"), [
-    (((0.5, 0.0), (0.625, 0.0), 1.0), "full attention still sees tokens 2 ... 5"),
-    (((0.5, 1.0), (0.5, 0.0), 1.0), "scaled up to sum to 1"),
-    (((0.5, 1.0), (0.5, 1.0), 0.0), "have left the cache"),
-    (((0.5, 1.0), (0.625, 0.0), 0.0), "cannot give it a second feature"),
-    (((0.5, 1.0), (0.625, 0.0), (0.125**2 + 1) ** 0.5), "the error without a sink"),
-    (((0.5, 1.0), (0.625, 0.0), 0.125), "closest one to full_output"),
-    (((0.5, 1.0), (0.625, 0.0)), "returns three things"),
-    (((0.5, 1.0, 0.0), (0.625, 0.0), 1.0), "is a pair of numbers"),
+    (((0.5, 0.0), (0.625, 0.0), 0.8), "full attention still sees tokens 2 ... 5"),
+    (((0.5, 0.8), (0.5, 0.0), 0.8), "scaled up to sum to 1"),
+    (((0.5, 0.8), (0.5, 0.8), 0.0), "have left the cache"),
+    (((0.5, 0.8), (0.625, 0.0), 0.0), "cannot give it a second feature"),
+    (((0.5, 0.8), (0.625, 0.0), (0.125**2 + 0.8**2) ** 0.5), "the error without a sink"),
+    (((0.5, 0.8), (0.625, 0.0), 0.125), "closest one to full_output"),
+    # the review's wrong answer (D12): the squared distance, which 1.0 could not tell apart
+    (((0.5, 0.8), (0.625, 0.0), 0.64), "squared length"),
+    (((0.5, 0.8), (0.625, 0.0)), "returns three things"),
+    (((0.5, 0.8, 0.0), (0.625, 0.0), 0.8), "is a pair of numbers"),
 ])
 def test_streaming_prediction_wrong_answers(answer, phrase, capsys):
     assert_fails(check_streaming_prediction, lambda: answer, capsys, phrase)

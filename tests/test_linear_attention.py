@@ -177,6 +177,56 @@ def test_delta_rule_gradients(chunk_size):
         (*inputs, state))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_sixteen_bit_inputs_are_computed_in_float32(dtype):
+    """torch has no 16-bit triangular solve: the chunk's solve and the state run in float32.
+
+    The results come back in the inputs' dtype and equal the float64 computation on the same
+    (rounded) inputs to within the rounding of the outputs; loop and chunks agree, also when
+    a sequence continues from a 16-bit state, and a 16-bit GatedDeltaNet runs and decodes.
+    """
+    inputs = [t.to(dtype) for t in _inputs(2, 2, 37, 8, 6, dtype=torch.float32)]
+    start = torch.randn(2, 2, 8, 6).to(dtype)
+    exact_out, exact_state = delta_rule(*(t.double() for t in inputs[:4]),
+                                        decay=inputs[4].double(), initial_state=start.double())
+    for chunk_size in (None, 8):
+        out, state = delta_rule(*inputs[:4], decay=inputs[4], chunk_size=chunk_size,
+                                initial_state=start)
+        assert out.dtype == state.dtype == dtype
+        torch.testing.assert_close(out.double(), exact_out, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(state.double(), exact_state, rtol=1e-2, atol=1e-2)
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(16, 2, chunk_size=8, dtype=dtype).eval()
+    x = torch.randn(2, 21, 16).to(dtype)
+    with torch.no_grad():
+        whole = layer(x)
+        state = layer.new_cache()
+        steps = [layer(x[:, :13], kv_cache=state)] + [layer(x[:, t:t + 1], kv_cache=state)
+                                                      for t in range(13, 21)]
+        reference = layer.double()(x.double())
+    assert whole.dtype == dtype and state.memory.dtype == dtype
+    torch.testing.assert_close(whole.double(), reference, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(torch.cat(steps, dim=1).double(), reference, rtol=3e-2, atol=3e-2)
+
+
+def test_the_benchmark_times_the_linear_table_in_bfloat16(monkeypatch):
+    """On a GPU the benchmark times bfloat16 by default; its table 6 stopped there with
+    "triangular_solve_cuda not implemented for 'BFloat16'" (the H100 review). The same code
+    path runs here on the CPU, at a small size."""
+    pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    from attention_book import benchmark
+
+    monkeypatch.setattr(benchmark, "LINEAR_SHAPE", {"batch_size": 1, "num_heads": 2,
+                                                    "num_tokens": 70, "head_dim": 8,
+                                                    "chunk_size": 16})
+    monkeypatch.setattr(benchmark, "LINEAR_DECODE_SHAPE", {"d_model": 16, "num_heads": 2,
+                                                           "lengths": (8,)})
+    table = benchmark.bench_linear(1, benchmark._Device("cpu", torch.bfloat16))
+    assert "cpu, bfloat16" in table
+    worst = float(table.split("max |difference| to the token loop = ")[1].split(" ")[0])
+    assert worst < 2e-2  # three float32 computations, each rounded to bfloat16 at the end
+
+
 # --------------------------------------------------------------------------- Hugging Face
 
 

@@ -369,7 +369,9 @@ def test_make_execute_records_no_timing_joins_streams_and_warns_of_nothing(tmp_p
 
 
 # --------------------------------------------------------------------------------------
-# Plan your path: the routes, times and prerequisites agree with the chapters and the guide.
+# Plan your path, the instructor guide and every chapter page: each chapter's time and what it
+# needs first come from one file, course_plan.yml (_ext/course_plan.py writes them into the
+# pages; tests/test_book_build.py reads the built pages).
 
 _RANGE = r"\d+(?:\s*[–-]\s*\d+)?"
 
@@ -398,90 +400,91 @@ def _minutes(text: str) -> int:
     return int(only) if only else 60 * int(hours) + int(minutes or 0)
 
 
-def _guide_times() -> dict[int, tuple[int, int]]:
-    rows = re.findall(r"^\| (\d+)\. [^|]+\|[^|]+\| (\d+) min \| (\d+) min \|$",
-                      (ROOT / "instructor_guide.md").read_text(), re.M)
-    return {int(n): (int(study), int(exercises)) for n, study, exercises in rows}
+def _course_plan():
+    """The extension that reads course_plan.yml, and the plan it reads."""
+    spec = importlib.util.spec_from_file_location("course_plan", ROOT / "_ext" / "course_plan.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, module.load_plan(ROOT)
 
 
-def _plan_rows() -> dict[int, dict]:
-    rows = {}
-    for line in (ROOT / PLAN_PAGE).read_text().splitlines():
-        match = re.fullmatch(r"\| (?:\[(\d+)\. [^\]]+\]\(([^)]+)\)|(\d+)\. ([^|]+)) \| (\d+) min(, "
-                             r"provisional)? \| (\d+) min(, provisional)? \| ([^|]+) \|", line)
-        if match:
-            linked, target, plain, title, study, p1, exercises, p2, needs = match.groups()
-            rows[int(linked or plain)] = {
-                "target": target, "title": title, "times": (int(study), int(exercises)),
-                "provisional": [bool(p1), bool(p2), "provisional" in needs],
-                "named": _numbers(needs.replace("provisional", "")),
-                "needs": _numbers(needs.split("(")[0].replace("provisional", ""))}
-    return rows
-
-
-def _routes() -> list[tuple[list[int], int, int, int]]:
-    text = re.sub(r"\s+", " ", (ROOT / PLAN_PAGE).read_text())
-    return [([int(n) for n in chapters.split("→")], _minutes(total), _minutes(study),
-             _minutes(exercises))
-            for chapters, total, study, exercises in re.findall(
-                r"Chapters ((?:\d+ → )+\d+): ([\d a-z]+?) \(([\d a-z]+?) of study, ([\d a-z]+?) "
-                r"of exercises\)", text)]
-
-
-def test_the_plan_has_every_chapter_with_the_guides_times():
-    guide, plan = _guide_times(), _plan_rows()
-    numbers = {int(path.name[:2]): path for path in CHAPTERS}
-    for number, path in numbers.items():
-        row = plan.get(number)
-        assert row, f"{PLAN_PAGE} has no row for chapter {number}"
-        assert row["target"] == f"chapters/{path.name}", row
-        assert row["times"] == guide[number] and not any(row["provisional"]), (
-            f"{PLAN_PAGE}, chapter {number}: {row['times']} min, the instructor guide "
-            f"{guide.get(number)}: copy the guide's times and drop 'provisional'")
-    for number, row in plan.items():
-        if number in numbers:
-            continue
-        assert all(row["provisional"]) and "(being written)" in row["title"], (
-            f"{PLAN_PAGE}: chapter {number} has no notebook, so its row says it is being "
-            "written and its times and needs are provisional")
-        assert number not in guide, (
-            f"the instructor guide has times for chapter {number}: copy them into {PLAN_PAGE}")
-    assert Path(PLAN_PAGE).stem in [entry for entry in re.findall(
-        r"- file: (\S+)", (ROOT / "_toc.yml").read_text())], "the plan is not in _toc.yml"
+def test_every_chapter_has_a_row_in_the_course_plan():
+    _, plan = _course_plan()
+    numbers = {int(path.name[:2]) for path in CHAPTERS}
+    assert set(plan["chapters"]) == numbers, (
+        f"course_plan.yml has rows for {sorted(plan['chapters'])}, the book chapters "
+        f"{sorted(numbers)}")
+    for number, row in plan["chapters"].items():
+        assert row["study"] > 0 and row["exercises"] > 0, (number, row)
 
 
 def test_the_plan_names_what_each_chapter_says_it_needs():
-    plan = _plan_rows()
+    _, plan = _course_plan()
     for chapter in CHAPTERS:
-        number = int(chapter.name[:2])
-        assert plan[number]["named"] == _named_in_should_know(chapter), (
-            f"{PLAN_PAGE}, chapter {number}: needs {sorted(plan[number]['named'])}, its 'You "
-            f"should already know' names {sorted(_named_in_should_know(chapter))}")
+        row = plan["chapters"][int(chapter.name[:2])]
+        named = set(row["needs"]) | set(row.get("helps", []))
+        assert named == _named_in_should_know(chapter), (
+            f"course_plan.yml, chapter {chapter.name[:2]}: needs and helps {sorted(named)}, its "
+            f"'You should already know' names {sorted(_named_in_should_know(chapter))}")
     assert _named_in_should_know(CHAPTERS[12]) == {1, 2, 3, 4, 5, 7, 10, 11}  # ranges, links
 
 
-def test_every_route_adds_up_and_never_uses_a_chapter_before_what_it_needs():
-    plan, routes = _plan_rows(), _routes()
-    assert len(routes) == 3, routes
-    core = routes[0][0]
-    for chapters, total, study, exercises in routes:
-        times = [plan[number]["times"] for number in chapters]
-        assert (study, exercises) == tuple(map(sum, zip(*times, strict=True))), chapters
-        assert total == study + exercises, chapters
-        read = set() if chapters is core else set(core)
-        for number in chapters:
-            missing = plan[number]["needs"] - read
-            assert not missing, f"the route {chapters} reaches {number} before {sorted(missing)}"
-            read.add(number)
-    text = re.sub(r"\s+", " ", (ROOT / PLAN_PAGE).read_text())
-    days = re.findall(r"day \d: chapters? ([\d, and]+) \(([\d a-z]+)\)", text)
-    assert [n for chapters, _ in days for n in sorted(_numbers(chapters))] == core
+def test_every_route_reads_each_chapter_after_what_it_needs():
+    module, plan = _course_plan()
+    assert module.problems(plan) == []
+    core = plan["routes"]["core"]
+    assert [n for day in core["days"] for n in day] == core["chapters"]
+    # The check can fail: chapter 11 taken before chapter 7, which it needs.
+    broken = {**plan, "routes": {"core": {"chapters": [0, 1, 2, 3, 4, 5, 6, 11, 7]}}}
+    assert module.problems(broken) == [
+        "the core route takes chapter 11 before chapters [7], which it needs"]
+
+
+def test_the_totals_add_up():
+    module, plan = _course_plan()
+    values = module.substitutions(plan)
+    rows = plan["chapters"]
+    for name, route in plan["routes"].items():
+        match = re.fullmatch(r"Chapters ((?:\d+ → )+\d+): (.+) \((.+) of study, (.+) of exercises\)",
+                             values[f"route_{name}"])
+        chapters, total, study, exercises = match.groups()
+        assert [int(n) for n in chapters.split(" → ")] == route["chapters"]
+        assert _minutes(study) == sum(rows[n]["study"] for n in route["chapters"])
+        assert _minutes(exercises) == sum(rows[n]["exercises"] for n in route["chapters"])
+        assert _minutes(total) == _minutes(study) + _minutes(exercises)
+    days = re.findall(r"day \d: chapters? ([\d, and]+) \(([\d a-z]+)\)", values["route_core_days"])
     for chapters, time in days:
-        assert _minutes(time) == sum(sum(plan[n]["times"]) for n in _numbers(chapters)), time
-    study, exercises = (sum(plan[int(p.name[:2])]["times"][i] for p in CHAPTERS) for i in (0, 1))
-    hours = re.search(r"take about (\d+) hours: (\d+) of study and (\d+) of exercises", text)
-    assert hours and tuple(map(int, hours.groups())) == (
-        round((study + exercises) / 60), round(study / 60), round(exercises / 60)), hours
+        assert _minutes(time) == sum(rows[n]["study"] + rows[n]["exercises"] for n in _numbers(chapters))
+    study = sum(row["study"] for row in rows.values())
+    exercises = sum(row["exercises"] for row in rows.values())
+    assert values["book_total"] == (f"about {round((study + exercises) / 60)} hours: "
+                                    f"{round(study / 60)} of study and {round(exercises / 60)} of "
+                                    "exercises")
+    assert values["course_weeks"] == module.words(len(rows))
+    assert [module.words(n) for n in (18, 20, 21, 34)] == [
+        "eighteen", "twenty", "twenty-one", "thirty-four"]
+    assert module.chapter_list([1, 2, 3, 5, 7, 8]) == "1–3, 5, 7, 8"
+    assert module.minutes(90) == "1 h 30 min" and module.minutes(90, hours=False) == "90 min"
+
+
+def test_times_and_needs_are_written_only_in_the_course_plan():
+    """No page writes a time, a course length or a chapter's needs by hand: each takes them
+    from course_plan.yml (substitutions, the plan's table directive)."""
+    plan = (ROOT / PLAN_PAGE).read_text()
+    guide = (ROOT / "instructor_guide.md").read_text()
+    for name, text in ((PLAN_PAGE, plan), ("instructor_guide.md", guide)):
+        assert not re.search(r"\b\d+ (h|min)\b", text), f"{name} writes a time by hand"
+        assert not re.search(r"\b(\w+|\d+) weeks\b(?<!course_weeks \}\} weeks)", text.replace(
+            "{{ course_weeks }} weeks", "")), f"{name} writes the course length by hand"
+        assert "{{ course_weeks }} weeks" in text, name
+    assert "```{course-plan-table}" in plan and "{{ book_total }}" in plan
+    assert all(f"{{{{ route_{name} }}}}" in plan for name in ("core", "models", "systems"))
+    rows = re.findall(r"^\| (\d+)\. [^|]+\|[^|]+\| ([^|]+) \| ([^|]+) \|$", guide, re.M)
+    assert len(rows) >= 20, f"the guide's table of chapters was not found ({len(rows)} rows)"
+    for number, study, exercises in rows:
+        assert (study.strip(), exercises.strip()) == (
+            f"{{{{ study_{int(number):02d} }}}}", f"{{{{ exercises_{int(number):02d} }}}}"), (
+            f"instructor_guide.md, chapter {number}: write its times as the substitutions")
 
 
 # --------------------------------------------------------------------------------------

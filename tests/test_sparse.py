@@ -10,6 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import attention_book as ab
 from attention_book.sparse import (
@@ -321,6 +323,93 @@ def test_block_topk_picks_the_blocks_with_the_best_pooled_score():
     assert tiles.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 0, 1]]
 
 
+def _tiles_the_long_way(scores, top_k_blocks, block_size):
+    """The kept tiles built as the mask was before issue 43: mask the future of the whole
+    (B, T, T) scores, pad them to whole tiles, pool each tile, rank the earlier tiles."""
+    batch_size, num_tokens, _ = scores.shape
+    num_blocks = -(-num_tokens // block_size)
+    padded = num_blocks * block_size
+    masked = scores.masked_fill(~ab.causal_mask(num_tokens), float("-inf"))  # (B, T, T)
+    masked = torch.nn.functional.pad(masked, (0, padded - num_tokens, 0, padded - num_tokens),
+                                     value=float("-inf"))  # (B, T', T')
+    pooled = masked.view(batch_size, num_blocks, block_size, num_blocks, block_size).amax(
+        dim=(2, 4))  # (B, n, n)
+    kept = torch.eye(num_blocks, dtype=torch.bool).repeat(batch_size, 1, 1)  # (B, n, n)
+    for b in range(batch_size):
+        for i in range(num_blocks):
+            earlier = [j for j in range(i) if pooled[b, i, j] > float("-inf")]
+            earlier.sort(key=lambda j, b=b, i=i: (-float(pooled[b, i, j]), j))
+            for j in earlier[:top_k_blocks - 1]:
+                kept[b, i, j] = True
+    return kept
+
+
+@pytest.mark.parametrize("num_tokens,block_size", [(1, 4), (9, 4), (40, 8), (45, 8),
+                                                   (130, 16), (7, 16)])
+@pytest.mark.parametrize("top_k_blocks", [1, 2, 3, 9])
+def test_block_topk_mask_equals_the_mask_built_from_the_whole_scores(num_tokens, block_size,
+                                                                      top_k_blocks):
+    from torch.nn.attention.flex_attention import create_mask
+    generator = torch.Generator().manual_seed(num_tokens * 10 + top_k_blocks)
+    scores = torch.randn(2, num_tokens, num_tokens, generator=generator).round()  # many ties
+    scores[1, num_tokens // 2:, : num_tokens // 3] = float("-inf")  # tiles never chosen
+    block_mask = block_topk_mask(scores, top_k_blocks, block_size=block_size, num_heads=3)
+    kept = _tiles_the_long_way(scores, top_k_blocks, block_size)  # (B, n, n)
+    assert torch.equal(block_mask.to_dense().bool(), kept[:, None].expand(-1, 3, -1, -1))
+    # The diagonal tiles are the partial ones (the causal rule runs there); the rest are full.
+    assert block_mask.kv_num_blocks.eq(1).all()
+    assert torch.equal(block_mask.full_kv_num_blocks, (kept.sum(dim=-1) - 1)[:, None]
+                       .expand(-1, 3, -1).to(torch.int32))
+    expected = kept.repeat_interleave(block_size, 1).repeat_interleave(block_size, 2)[
+        :, :num_tokens, :num_tokens] & ab.causal_mask(num_tokens)  # (B, T, T)
+    assert torch.equal(create_mask(block_mask.mask_mod, 2, 3, num_tokens, num_tokens),
+                       expected[:, None].expand(-1, 3, -1, -1))
+
+
+class _NewStorages(TorchDispatchMode):
+    """Records the largest storage that any operation creates (views and in-place results,
+    which share an input's storage, do not count)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest, self.made_by = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        inputs = {tensor.untyped_storage().data_ptr() for tensor in _tensors((args, kwargs))}
+        for tensor in _tensors(output):
+            size = tensor.untyped_storage().nbytes()
+            if tensor.untyped_storage().data_ptr() not in inputs and size > self.largest:
+                self.largest, self.made_by = size, f"{func} {tuple(tensor.shape)}"
+        return output
+
+
+def _tensors(tree):
+    return [leaf for leaf in tree_flatten(tree)[0] if isinstance(leaf, torch.Tensor)]
+
+
+@pytest.mark.parametrize("num_tokens,num_heads", [(2048, None), (2000, 4)])
+def test_block_topk_mask_allocates_nothing_the_size_of_the_scores(num_tokens, num_heads):
+    # Issue 43: the mask took 2.3 GiB at T = 16384 (a masked and a padded copy of the scores
+    # and a T x T causal mask). Now the largest new tensor is a table of the n x n tiles.
+    scores = torch.randn(2, num_tokens, num_tokens)  # (B, T, T): 32 MiB
+    num_blocks = -(-num_tokens // 128)
+    with _NewStorages() as recorder:
+        block_mask = block_topk_mask(scores, 3, block_size=128, num_heads=num_heads)
+    table_bytes = 8 * 2 * (num_heads or 1) * num_blocks * num_blocks  # int64 (B, heads, n, n)
+    assert recorder.largest <= table_bytes, recorder.made_by
+    assert int(block_mask.to_dense()[0, 0].sum()) == 1 + 2 + 3 * (num_blocks - 2)
+
+
+def test_block_topk_mask_peak_memory_is_small_in_the_process():
+    # The storages above are what the operations return; this measures the process itself
+    # (buffers inside a kernel count too): the peak resident memory across one call.
+    from attention_book.benchmark import _rss_growth_mib
+    scores = torch.randn(1, 4096, 4096)  # 64 MiB
+    block_topk_mask(scores, 2)  # the first call loads code and warms the allocator
+    assert _rss_growth_mib(lambda: block_topk_mask(scores, 2)) < 8
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -350,6 +439,10 @@ def test_bad_input_names_the_sizes():
         block_topk_mask(torch.randn(1, 8, 8), 0)
     with pytest.raises(ValueError, match=r"T_q == T_k.*\(1, 3, 5\)"):
         block_topk_mask(scores, 2)
+    future_nan = torch.zeros(1, 8, 8)
+    future_nan[0, 1, 6] = float("nan")  # in a future tile, which the pooling never reads
+    with pytest.raises(ValueError, match="NaN"):
+        block_topk_mask(future_nan, 2, block_size=4)
     with pytest.raises(ValueError, match=r"index_keys must have shape \(B, T_k, d_I\) = "
                                          r"\(1, T_k, 4\).*got \(1, 6, 3\)"):
         lightning_indexer_scores(torch.randn(1, 2, 3, 4), torch.randn(1, 6, 3), torch.randn(1, 2, 3))

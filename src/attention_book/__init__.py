@@ -21,6 +21,8 @@ attention into a recurrence (``linear_attention``, ``delta_rule``, ``RecurrentSt
 Chapter 19 refines full attention: top-k attention chosen by a lightning indexer
 (``topk_attention``, ``lightning_indexer_scores``, ``LightningIndexer``,
 ``indexer_distillation_loss``, ``block_topk_attention``).
+Chapter 20 writes FlashAttention as Triton kernels (``flash_attention``, forward and backward;
+``attention_book.triton_attention``); Triton is imported only when a kernel runs.
 """
 
 from . import mods
@@ -87,6 +89,7 @@ from .sparse import (
     topk_attention,
     topk_mask,
 )
+from .triton_attention import flash_attention
 from .viz import head_view, model_view, plot_attention, plot_heads
 
 __version__ = "0.1.0"
@@ -145,6 +148,7 @@ __all__ = [
     "LinearAttentionLayer",
     "GatedDeltaNet",
     "recurrent_state_bytes",
+    "flash_attention",
     "topk_mask",
     "topk_attention",
     "lightning_indexer_scores",

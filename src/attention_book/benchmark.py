@@ -44,6 +44,12 @@ warm-up run, with ratios between rows taken in the same run:
    memory, and each sparse output against dense attention given the same keys as a mask.
    On the CPU top-k gather runs at T=4096 only (one call takes about 20 s there, and its
    work grows like T * k); the table says so.
+8. Only with ``--only kernel`` (chapter 20, needs Triton): on a GPU, the book's Triton kernel
+   (:func:`~attention_book.triton_attention.flash_attention`) against PyTorch's fused
+   ``scaled_dot_product_attention`` and ``tiled_attention``, forward and forward + backward,
+   causal and not, bfloat16, T from 1024 to 16384, in TFLOP/s and as ratios, after autotuning;
+   on the CPU, where the kernels run through Triton's interpreter, only how closely they
+   agree with PyTorch (:mod:`attention_book.kernel_benchmark`).
 
 The rows of one table run interleaved (round-robin), so a change of machine
 load affects them alike. This is a benchmark, not a test: nothing in the test
@@ -909,10 +915,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per row (default 5)")
     parser.add_argument("--only", choices=["multihead", "long", "decode", "window", "serving",
-                                           "linear", "sparse"],
+                                           "linear", "sparse", "kernel"],
                         action="append",
                         help="run only these tables (repeatable); 'window' (T=16384, chapter 13) "
-                             "and 'linear' (chapter 18) and 'sparse' (chapter 19) run only when named")
+                             "and 'linear' (chapter 18) and 'sparse' (chapter 19) and 'kernel' "
+                             "(chapter 20) run only when named")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where to run (default cpu)")
     parser.add_argument("--dtype", choices=list(DTYPES), action="append",
@@ -955,6 +962,11 @@ def main(argv: list[str] | None = None) -> None:
             print("\n" + bench_linear(slow_repeats, device), flush=True)
         if "sparse" in only:
             print("\n" + bench_sparse(slow_repeats, device), flush=True)
+    if "kernel" in only:  # bfloat16 on a GPU whatever --dtype says; needs Triton
+        from .kernel_benchmark import bench_kernel
+
+        print()
+        bench_kernel(args.device, log=lambda line: print(line, flush=True))
     print(f"\ntotal wall time {time.perf_counter() - started:.0f}s")
 
 

@@ -216,6 +216,10 @@ def linear_attention_recurrent(
     return out, (memory, normalizer)  # (..., T, d_v), ((..., d_k, d_v), (..., d_k))
 
 
+#: Dtypes that :func:`delta_rule` computes in float32 (returning its results in them).
+_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+
+
 def _check_gates(
     name: str, gate: torch.Tensor, key: torch.Tensor, low: float | None, high: float | None
 ) -> None:
@@ -368,6 +372,9 @@ def delta_rule(
     Returns:
         ``(out, state)``: the outputs and the state after the last token. Running a sequence
         in two parts, passing the first part's state as ``initial_state``, equals one run.
+        Inputs in float16 or bfloat16 are computed in float32 (the state, the chunk's
+        triangular solve, every sum), as flash-linear-attention's kernels do; both results
+        come back in the inputs' dtype.
 
     Taught in chapter 18.
     """
@@ -398,10 +405,19 @@ def delta_rule(
                 f"initial_state must have the keys' dtype {key.dtype}, got {initial_state.dtype}"
             )
         state = initial_state
+    dtype = key.dtype
+    if dtype in _SIXTEEN_BIT:
+        # As the fla kernels do: the state, the chunk's triangular solve and every sum in
+        # float32 (torch has no 16-bit triangular solve, and a 16-bit state loses the small
+        # writes), the results back in the inputs' dtype.
+        query, key, value, beta, state = (x.float() for x in (query, key, value, beta, state))
+        decay = None if decay is None else decay.float()
     query = query * scale  # (..., T, d_k)
     if chunk_size is None or key.size(-2) == 0:
-        return _delta_rule_loop(query, key, value, beta, decay, state)
-    return _delta_rule_chunks(query, key, value, beta, decay, state, chunk_size)
+        out, state = _delta_rule_loop(query, key, value, beta, decay, state)
+    else:
+        out, state = _delta_rule_chunks(query, key, value, beta, decay, state, chunk_size)
+    return out.to(dtype), state.to(dtype)  # (..., T, d_v), (..., d_k, d_v)
 
 
 class RecurrentState:
@@ -759,9 +775,11 @@ class GatedDeltaNet(_RecurrentMixer):
         self.W_beta = nn.Linear(d_model, num_heads, **factory)
         if gate:
             self.W_gate = nn.Linear(d_model, num_heads, bias=False, **factory)  # dt_bias is its bias
-            # Mamba-2's start: decay rates A = 1 and steps dt from 0.1 down to 0.001 over the
-            # heads, so that g = -A softplus(dt_bias) starts near -dt (memories of 10 to 1,000
-            # tokens); dt_bias = softplus^-1(dt).
+            # A simplification of Mamba-2's start (which draws A from U[1, 16] and dt
+            # log-uniformly from [0.001, 0.1], memories of about 0.6 to 1,000 tokens): decay
+            # rates A = 1 and steps dt log-spaced from 0.1 down to 0.001 over the heads, so
+            # that g = -A softplus(dt_bias) starts near -dt (memories of 10 to 1,000 tokens);
+            # dt_bias = softplus^-1(dt).
             steps = torch.logspace(-1, -3, num_heads, **factory)
             self.A_log = nn.Parameter(torch.zeros(num_heads, **factory))
             self.dt_bias = nn.Parameter(steps + torch.log(-torch.expm1(-steps)))

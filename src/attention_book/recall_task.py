@@ -20,15 +20,19 @@ chapter and its tests.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .checks import check_positive_int
+from .linear_attention import GatedDeltaNet, LinearAttentionLayer
 from .model import TransformerBlock
+from .modules import MultiHeadAttention
 from .train import cpu_threads, progress_bar
 
 __all__ = [
@@ -38,6 +42,12 @@ __all__ = [
     "RecallModel",
     "train_recall",
     "recall_accuracy",
+    "RECALL_SETUP",
+    "RECALL_RUNS",
+    "recall_mixer",
+    "recall_pairs",
+    "recall_run",
+    "load_recall_sweep",
 ]
 
 
@@ -316,3 +326,195 @@ def recall_accuracy(model: RecallModel, batch: RecallBatch) -> torch.Tensor:
     Taught in chapter 18.
     """
     return _query_logits(model, batch).argmax(dim=-1) == batch.targets  # (B, Q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 18's experiment (section 18.5): which memories recall how many pairs.
+
+#: The experiment's fixed settings: the task's vocabularies, the model width, the training
+#: (``steps`` of ``batch_size`` sequences, AdamW at ``lr`` falling to 0), the test
+#: (``test_sequences`` fresh sequences per pair count, drawn from ``test_seed``) and the
+#: episodes of the changed-associations task (``changed``: its pairs, and its test sequences).
+RECALL_SETUP = {"num_keys": 32, "num_values": 16, "d_model": 32, "steps": 1000,
+                "batch_size": 32, "lr": 1e-2, "test_sequences": 256, "test_seed": 1000,
+                "changed": {"old_pairs": 8, "new_pairs": 6, "stale_queries": 3,
+                            "test_sequences": 512}}
+
+#: The runs of the experiment, each trained once per seed: ``(name, layers, d_k, task)``.
+#: Associative recall (``"recall"``) for the five memories with one head of ``d_k = 8``
+#: features, then for the three fixed states with ``d_k = 4`` and ``d_k = 16``; changed
+#: associations (``"changed"``) for DeltaNet and Gated DeltaNet.
+RECALL_RUNS = (
+    ("softmax", ("softmax",), 8, "recall"),
+    ("linear", ("linear",), 8, "recall"),
+    ("DeltaNet", ("DeltaNet",), 8, "recall"),
+    ("Gated DeltaNet", ("Gated DeltaNet",), 8, "recall"),
+    ("hybrid", ("Gated DeltaNet", "softmax"), 8, "recall"),
+    *((name, (name,), d_k, "recall") for d_k in (4, 16)
+      for name in ("linear", "DeltaNet", "Gated DeltaNet")),
+    ("DeltaNet", ("DeltaNet",), 8, "changed"),
+    ("Gated DeltaNet", ("Gated DeltaNet",), 8, "changed"),
+)
+
+_RECALL_KINDS = ("softmax", "linear", "DeltaNet", "Gated DeltaNet")
+
+
+class _OneSoftmaxHead(nn.Module):
+    """Causal softmax attention with one head of ``head_dim`` features, back to ``d_model``."""
+
+    def __init__(self, d_model: int, head_dim: int, context_length: int):
+        super().__init__()
+        self.attention = MultiHeadAttention(d_model, head_dim, 1, context_length=context_length)
+        self.out = nn.Linear(head_dim, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                return_weights: bool = False, *, kv_cache=None):
+        if return_weights:
+            mixed, weights = self.attention(x, mask, return_weights=True, kv_cache=kv_cache)
+            return self.out(mixed), weights  # (B, T, d_model), (B, 1, T, T)
+        return self.out(self.attention(x, mask, kv_cache=kv_cache))  # (B, T, d_model)
+
+
+def recall_mixer(kind: str, *, d_model: int, head_dim: int) -> nn.Module:
+    """One token mixer of the recall experiment: one head of ``head_dim`` features.
+
+    Args:
+        kind: ``"softmax"`` (attention with a KV cache), ``"linear"``
+            (:class:`~attention_book.LinearAttentionLayer`), ``"DeltaNet"`` or
+            ``"Gated DeltaNet"`` (:class:`~attention_book.GatedDeltaNet` without and with the
+            gate).
+        d_model: the width of the model around it.
+        head_dim: ``d_k = d_v`` of the head: the state of a recurrent head is
+            ``head_dim x head_dim``.
+
+    Shapes:
+        the mixer maps ``(B, T, d_model)`` to ``(B, T, d_model)``.
+
+    Returns:
+        The mixer, freshly initialised from torch's global generator.
+
+    Taught in chapter 18.
+    """
+    _check_sizes(d_model=d_model, head_dim=head_dim)
+    if kind == "softmax":
+        return _OneSoftmaxHead(d_model, head_dim, context_length=128)
+    if kind == "linear":
+        return LinearAttentionLayer(d_model, 1, head_dim=head_dim)
+    if kind in ("DeltaNet", "Gated DeltaNet"):
+        return GatedDeltaNet(d_model, 1, head_dim=head_dim, gate=kind == "Gated DeltaNet")
+    raise ValueError(f"kind must be one of {list(_RECALL_KINDS)}, got {kind!r}")
+
+
+def recall_pairs(head_dim: int) -> tuple[int, ...]:
+    """The pair counts a state of ``head_dim`` rows is tested on: 1/4 to 2 pairs per row.
+
+    Args:
+        head_dim: ``d_k``.
+
+    Shapes:
+        (numbers only)
+
+    Returns:
+        ``d_k / 4, d_k / 2, 3 d_k / 4, d_k, 3 d_k / 2, 2 d_k`` pairs (at least 1), as ints:
+        ``(2, 4, 6, 8, 12, 16)`` for ``d_k = 8``.
+
+    Taught in chapter 18.
+    """
+    _check_sizes(head_dim=head_dim)
+    return tuple(max(1, round(head_dim * fraction)) for fraction in (0.25, 0.5, 0.75, 1, 1.5, 2))
+
+
+def recall_run(layers: Sequence[str], *, head_dim: int, seed: int, task: str = "recall",
+               steps: int | None = None) -> dict:
+    """Train one model of chapter 18's experiment and measure what it recalls.
+
+    The model (:class:`RecallModel` with one mixer per entry of ``layers``, from
+    :func:`recall_mixer`) starts from ``torch.manual_seed(seed)`` and trains with
+    :func:`train_recall` on fresh batches (``seed`` draws them too), with the settings of
+    :data:`RECALL_SETUP`, on one thread, so that a run gives the same numbers every time in
+    the same numeric environment. ``task="recall"``: :func:`associative_recall` with a pair
+    count drawn uniformly from the smallest to the largest of :func:`recall_pairs`, tested at
+    each of them. ``task="changed"``: :func:`changed_associations`, tested on the new
+    episode's keys and on the stale ones (answer "absent").
+
+    Args:
+        layers: the mixers' kinds, first layer first (``("Gated DeltaNet", "softmax")`` is
+            the hybrid).
+        head_dim: ``d_k`` of every mixer's head.
+        seed: the seed of the initial weights and of the training batches.
+        task: ``"recall"`` or ``"changed"``.
+        steps: optimiser steps; None is ``RECALL_SETUP["steps"]``.
+
+    Shapes:
+        (numbers only)
+
+    Returns:
+        A dict of numbers rounded to 4 digits. ``"recall"``: ``pairs`` (the pair counts) and
+        ``accuracy`` (the share of questions answered right at each); ``"changed"``: ``new``
+        and ``stale`` (the share answered right about the new keys and about the stale
+        ones). Both: ``loss``, the mean training loss of the last 100 steps.
+
+    Taught in chapter 18.
+    """
+    setup = RECALL_SETUP
+    steps = setup["steps"] if steps is None else steps
+    check_positive_int("steps", steps)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if isinstance(layers, str) or not layers:
+        raise TypeError("layers must be a non-empty list of mixer kinds, e.g. ['DeltaNet']")
+    if task not in ("recall", "changed"):
+        raise ValueError(f"task must be 'recall' or 'changed', got {task!r}")
+    pairs = recall_pairs(head_dim)
+    sizes = {"num_keys": setup["num_keys"], "num_values": setup["num_values"]}
+    episodes = {name: setup["changed"][name] for name in ("old_pairs", "new_pairs",
+                                                            "stale_queries")}
+
+    def batch(generator: torch.Generator) -> RecallBatch:
+        if task == "changed":
+            return changed_associations(setup["batch_size"], generator=generator, **episodes,
+                                        **sizes)
+        num_pairs = int(torch.randint(pairs[0], pairs[-1] + 1, (1,), generator=generator))
+        return associative_recall(setup["batch_size"], num_pairs, generator=generator, **sizes)
+
+    with cpu_threads(1):
+        torch.manual_seed(seed)  # the initial weights
+        model = RecallModel([recall_mixer(kind, d_model=setup["d_model"], head_dim=head_dim)
+                             for kind in layers], d_model=setup["d_model"], **sizes)
+        losses = train_recall(model, batch, steps=steps, lr=setup["lr"], seed=seed)
+        test = torch.Generator().manual_seed(setup["test_seed"])
+        if task == "changed":
+            questions = changed_associations(setup["changed"]["test_sequences"],
+                                             generator=test, **episodes, **sizes)
+            right = recall_accuracy(model, questions)  # (B, Q)
+            stale = questions.targets == setup["num_values"]  # (B, Q): the answer is "absent"
+            result = {"new": round(right[~stale].float().mean().item(), 4),
+                      "stale": round(right[stale].float().mean().item(), 4)}
+        else:
+            accuracy = [recall_accuracy(model, associative_recall(
+                setup["test_sequences"], num_pairs, generator=test, **sizes)).float().mean().item()
+                for num_pairs in pairs]
+            result = {"pairs": list(pairs), "accuracy": [round(value, 4) for value in accuracy]}
+    last = losses[-100:]
+    return {**result, "loss": round(sum(last) / len(last), 4)}
+
+
+def load_recall_sweep() -> dict:
+    """The stored results of chapter 18's recall experiment, every run of every seed.
+
+    ``tools/recall_sweep.py`` trained each of :data:`RECALL_RUNS` with each seed through
+    :func:`recall_run` and wrote them into ``recall_sweep.json``, a file of this package
+    (so that the chapter finds it wherever the package is installed); ``tools/recall_sweep.py
+    --check`` trains them all again and compares.
+
+    Shapes:
+        (numbers only)
+
+    Returns:
+        A dict: ``setup`` (:data:`RECALL_SETUP`), ``seeds``, and ``runs``, a list of dicts
+        with ``model``, ``layers``, ``d_k``, ``task``, ``seed`` and what :func:`recall_run`
+        returns.
+
+    Taught in chapter 18.
+    """
+    return json.loads(files("attention_book").joinpath("recall_sweep.json").read_text("utf-8"))

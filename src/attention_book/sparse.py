@@ -77,7 +77,9 @@ def _check_index_scores(index_scores: object, batch_size: int | None, num_querie
             f"index_scores must have shape (B, T_q, T_k) = ({want}), one score per query and "
             f"key shared by every head, got shape {shape}"
         )
-    if bool(torch.isnan(index_scores).any()):
+    # amax propagates NaN, and a full reduction allocates nothing the size of the scores
+    # (isnan(...).any() would make a (B, T_q, T_k) bool tensor: 256 MiB at 16k tokens).
+    if index_scores.numel() and bool(torch.isnan(index_scores.amax())):
         raise ValueError("index_scores holds NaN: every score must be a number (-inf never selects)")
     return index_scores
 
@@ -445,6 +447,36 @@ def indexer_distillation_loss(
     return terms.sum(dim=-1)[rows].mean()
 
 
+def _pooled_earlier_tiles(index_scores: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The best index score of every tile whose key block lies before its query block.
+
+    Tile ``(i, j)`` holds queries ``i * block_size …`` and keys ``j * block_size …``. For
+    ``j < i`` every pair of the tile is causally visible and both blocks are whole (only the
+    last block can be short, and it is never an earlier key block), so the tile's maximum
+    needs no mask. The tiles are read through views of ``index_scores`` and reduced in one
+    pass: no copy of the scores, no ``T x T`` mask, nothing larger than the ``n x n`` result.
+    The diagonal and later tiles are ``-inf``: the diagonal block is kept anyway, and later
+    blocks are the future.
+
+    Shapes: index_scores ``(B, T, T)`` -> ``(B, n, n)`` with ``n = ceil(T / block_size)``.
+    """
+    batch_size, num_tokens, _ = index_scores.shape
+    num_blocks = -(-num_tokens // block_size)
+    whole = num_tokens // block_size  # blocks with block_size positions
+    pooled = index_scores.new_full((batch_size, num_blocks, num_blocks), float("-inf"))
+    if whole:
+        keys = index_scores[..., :whole * block_size].unflatten(-1, (whole, block_size))
+        # keys (B, T, whole, block_size): a view, the scores' rows split into key blocks
+        rows = keys[:, :whole * block_size].unflatten(1, (whole, block_size))
+        # rows (B, whole, block_size, whole, block_size): a view, one entry per tile pair
+        pooled[:, :whole, :whole] = rows.amax(dim=(2, 4))  # (B, whole, whole)
+        if whole < num_blocks:  # the short last query block
+            pooled[:, whole, :whole] = keys[:, whole * block_size:].amax(dim=(1, 3))  # (B, whole)
+    blocks = torch.arange(num_blocks, device=index_scores.device)  # (n,)
+    earlier = blocks[None, :] < blocks[:, None]  # (n, n): key block before the query block
+    return pooled.masked_fill(~earlier, float("-inf"))  # (B, n, n)
+
+
 def block_topk_mask(
     index_scores: torch.Tensor,
     top_k_blocks: int,
@@ -460,7 +492,10 @@ def block_topk_mask(
     query is left without a key) and the ``top_k_blocks - 1`` earlier key blocks with the
     highest pooled score (ties to the earlier block). The diagonal tiles are partial: the
     causal ``mask_mod`` runs on them; the other kept tiles are full. Causal self-attention
-    only (``T_q == T_k``).
+    only (``T_q == T_k``). Only the tiles before the diagonal are pooled, and they are read
+    through views of ``index_scores``: nothing the size of the scores is created, only
+    tables of ``n x n`` tiles (``n = ceil(T / block_size)``), so the mask's own memory grows
+    like ``(T / block_size) ** 2``.
 
     Args:
         index_scores: one score per query and key (the lightning indexer's).
@@ -489,16 +524,8 @@ def block_topk_mask(
                          f"topk_attention for T_q != T_k)")
     device = index_scores.device
     num_blocks = -(-num_keys // block_size)
-    padded = num_blocks * block_size
-    visible = causal_mask(num_queries, device=device)  # (T, T)
-    scores = index_scores.masked_fill(~visible, float("-inf"))  # (B, T, T)
-    scores = nn.functional.pad(scores, (0, padded - num_keys, 0, padded - num_queries),
-                               value=float("-inf"))  # (B, T', T')
-    pooled = scores.view(batch_size, num_blocks, block_size, num_blocks, block_size).amax(
-        dim=(2, 4))  # (B, n, n): the best score of each tile
+    pooled = _pooled_earlier_tiles(index_scores, block_size)  # (B, n, n)
     blocks = torch.arange(num_blocks, device=device)  # (n,)
-    earlier = blocks[None, :] < blocks[:, None]  # (n, n): key block before the query block
-    pooled = pooled.masked_fill(~earlier, float("-inf"))  # (B, n, n)
     picked = _select(pooled, top_k_blocks - 1, None) if top_k_blocks > 1 else \
         torch.zeros_like(pooled, dtype=torch.bool)  # (B, n, n): the earlier blocks kept
     # FlexAttention lists each row's blocks first in a (..., n, n) table; the rest is unused.

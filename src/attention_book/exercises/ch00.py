@@ -9,11 +9,22 @@ of the chapter).
 from __future__ import annotations
 
 import numbers
+from functools import partial
 
 import torch
 
 from ..attention import softmax
-from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import (
+    Outcome,
+    call,
+    call_in_private_order,
+    checker,
+    expect_close,
+    expect_shape,
+    expect_true,
+    fail,
+    passed,
+)
 
 __all__ = ["check_row_normalise", "check_predicted_shapes", "check_weight_matrix_test"]
 
@@ -40,6 +51,11 @@ def _row_mistakes(x: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
          "That is the softmax: it exponentiates first. The exercise is only its last step: "
          "divide the numbers as they are."),
     ]
+    if (x.sum(dim=-1) < 1).any():  # rows that must grow
+        mistakes.append((
+            x / x.sum(dim=-1, keepdim=True).clamp(min=1),
+            "Rows whose sum is below 1 must grow: divide every row by its own sum, whatever "
+            "its size. A clamp (or max(sum, 1)) leaves those rows as they were."))
     if x.size(-1) == x.size(-2):  # a square matrix: the sum without keepdim still broadcasts
         mistakes.append((
             x / x.sum(dim=-1),
@@ -59,7 +75,8 @@ def check_row_normalise(fn) -> None:
     """Check ``fn(x)`` divides each row of a matrix of positive numbers by the row's sum.
 
     A square matrix comes first, where the usual slip (summing without ``keepdim``) runs
-    without an error and gives wrong values, so its hint can name it; then a (4, 5) matrix.
+    without an error and gives wrong values, so its hint can name it; then a (4, 5) matrix,
+    and a (3, 5) matrix of small numbers whose rows sum to less than 1.
 
     Args:
         fn: the learner's ``row_normalise``.
@@ -70,7 +87,7 @@ def check_row_normalise(fn) -> None:
     Taught in chapter 0 (the exercise format).
     """
     torch.manual_seed(0)
-    for x in (torch.rand(4, 4) * 5 + 0.5, torch.rand(4, 5) + 0.1):
+    for x in (torch.rand(4, 4) * 5 + 0.5, torch.rand(4, 5) + 0.1, torch.rand(3, 5) * 0.1 + 0.01):
         label = f"the normalised {tuple(x.shape)} matrix"
         out = call(fn, x.clone(), prop=f"row_normalise runs on a {tuple(x.shape)} matrix")
         expect_shape(label, out, x.shape,
@@ -199,16 +216,25 @@ def _broken_weights() -> list[tuple[str, torch.Tensor, str]]:
     columns = scores / scores.sum(dim=0, keepdim=True)  # (3, 4): columns sum to 1, rows do not
     last_row_off = torch.softmax(torch.randn(2, 3, 4), dim=-1)  # (B, T, T_k)
     last_row_off[-1, -1] = torch.tensor([0.4, 0.3, 0.2, 0.2])  # the very last row sums to 1.1
+    # Two rows off by +0.1 and -0.1 (in float64, so that each sum is exact enough to tell):
+    # their sums average 1, and the whole (2, 2, 3) tensor sums to its number of rows, 4.
+    averaged = torch.tensor([[[0.2, 0.3, 0.5], [0.5, 0.4, 0.2]],
+                             [[0.1, 0.2, 0.6], [0.3, 0.3, 0.4]]], dtype=torch.float64)
     return [
         ("a row that sums to 0.999, as a masked softmax that forgot to renormalise gives",
          torch.tensor([[0.5, 0.5, 0.0], [0.6, 0.3, 0.099]]),
          "Your tolerance is too loose for float32: its rounding moves a row sum by about "
          "1e-7, so a row that misses 1 by 1e-3 is a bug, not rounding. Use a tolerance near "
          "1e-5 (torch.allclose's default rtol is 1e-5)."),
-        ("a negative weight in a row that sums to 1: [1.25, -0.25, 0.0]",
-         torch.tensor([[1.25, -0.25, 0.0], [0.0, 1.0, 0.0]]),
+        ("a negative weight in a row that sums to 1, with no entry above 1: [0.75, 0.5, -0.25]",
+         torch.tensor([[0.75, 0.5, -0.25], [0.0, 1.0, 0.0]]),
          "A weight is a share of attention: check that every entry is at least 0, not only "
-         "the sums."),
+         "the sums (an upper bound of 1 does not rule out a negative entry)."),
+        ("two rows that sum to 1.1 and 0.9, (2, 2, 3) in float64: the row sums average 1 and "
+         "the whole tensor sums to its number of rows", averaged,
+         "Check each row's sum on its own, with .all() over the comparisons: an average of the "
+         "row sums, or the total of the whole tensor, lets a row of 1.1 and a row of 0.9 "
+         "cancel."),
         ("weights whose columns sum to 1 but whose rows do not, (3, 4)", columns,
          "Each row belongs to one query: sum along the last dim (dim=-1), not down the "
          "columns."),
@@ -223,8 +249,8 @@ def _broken_weights() -> list[tuple[str, torch.Tensor, str]]:
     ]
 
 
-def _verdict(fn, weights: torch.Tensor, what: str) -> bool:
-    result = call(fn, weights.clone(), prop=f"is_weight_matrix runs on {what}")
+def _verdict(outcome: Outcome) -> bool:
+    result = outcome.get()
     if isinstance(result, torch.Tensor) and result.numel() == 1 and result.dtype == torch.bool:
         result = bool(result)
     expect_true("is_weight_matrix returns True or False", isinstance(result, bool),
@@ -241,7 +267,8 @@ def check_weight_matrix_test(fn) -> None:
 
     Each healthy matrix (float32 softmax rows that sum to 1 only up to rounding, causal zeros,
     one-hot rows, float64) must give True; each broken one (a row off by 1e-3, a negative
-    weight, columns instead of rows, NaN, a bad row at the end of a batch) must give False.
+    weight, two rows off by +0.1 and -0.1, columns instead of rows, NaN, a bad row at the end
+    of a batch) must give False.
 
     Args:
         fn: the learner's ``is_weight_matrix``.
@@ -252,8 +279,12 @@ def check_weight_matrix_test(fn) -> None:
 
     Taught in chapter 0 (checks, and floats that sum to 1 only up to rounding).
     """
-    for what, weights in _healthy_weights():
-        expect_true(f"your test accepts {what}", _verdict(fn, weights, what),
+    healthy, broken = _healthy_weights(), _broken_weights()
+    outcomes = call_in_private_order([
+        partial(call, fn, weights.clone(), prop=f"is_weight_matrix runs on {what}")
+        for what, weights, *_ in healthy + broken])
+    for (what, weights), outcome in zip(healthy, outcomes[:len(healthy)], strict=True):
+        expect_true(f"your test accepts {what}", _verdict(outcome),
                     expected=True, actual=False, hint=(
                         "Healthy weights may miss 1 by float32 rounding (about 1e-7), and "
                         "may hold zeros. Compare each row's sum with 1 within a tolerance, "
@@ -261,9 +292,9 @@ def check_weight_matrix_test(fn) -> None:
                         if weights.dtype == torch.float32 else
                         "Check the rows along the last dim, whatever the number of leading "
                         "dims, and allow entries equal to 0."))
-    for what, weights, hint in _broken_weights():
-        expect_true(f"your test rejects {what}", not _verdict(fn, weights, what),
+    for (what, _, hint), outcome in zip(broken, outcomes[len(healthy):], strict=True):
+        expect_true(f"your test rejects {what}", not _verdict(outcome),
                     expected=False, actual=True, hint=hint)
     passed("your test accepts float32 weights that sum to 1 only up to rounding, and rejects "
-           "a row off by 1e-3, a negative weight, columns for rows, NaN and a bad row hidden "
-           "at the end of a batch.")
+           "a row off by 1e-3, a negative weight, rows that are off in opposite directions, "
+           "columns for rows, NaN and a bad row hidden at the end of a batch.")

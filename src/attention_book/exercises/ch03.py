@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import math
 import warnings
+from functools import partial
 
 import torch
 from torch import nn
 
-from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import (
+    call,
+    call_in_private_order,
+    checker,
+    expect_close,
+    expect_shape,
+    expect_true,
+    fail,
+    on_cpu,
+    passed,
+)
 
 __all__ = [
     "check_linear_from_parameter", "check_cross_attention", "check_split_merged",
@@ -28,7 +39,7 @@ def _call_with_hint(fn, *args, prop: str, hint: str):
         with warnings.catch_warnings():
             # `.T` on a 3-D tensor warns before it fails; the hint says what to do instead.
             warnings.simplefilter("ignore", UserWarning)
-            return fn(*args)
+            return on_cpu(fn(*args))
     except NotImplementedError:
         return call(fn, *args)  # reports "You have not written ... yet"
     except Exception as error:  # noqa: BLE001 - any error in learner code becomes feedback
@@ -312,6 +323,10 @@ _BROKEN = (
      "result by about 1e-7, so compare with a tolerance such as atol=1e-6, not 1e-2."),
 )
 
+_ESCAPED_ERROR_HINT = (
+    "Your test let the function's error escape. A function that raises on a batch is not "
+    "batch-consistent: catch the error (try/except) and return False.")
+
 
 @checker
 def check_batch_consistency_test(fn) -> None:
@@ -326,8 +341,15 @@ def check_batch_consistency_test(fn) -> None:
 
     Taught in chapter 3.
     """
-    for healthy in (_healthy, _healthy_einsum):
-        verdict = call(fn, healthy, prop="your test runs on a correct attention function")
+    healthy = (_healthy, _healthy_einsum)
+    calls = [partial(call, fn, right, prop="your test runs on a correct attention function")
+             for right in healthy]
+    calls += [partial(_call_with_hint, fn, broken,
+                      prop="your test runs on a function that is broken on batches",
+                      hint=_ESCAPED_ERROR_HINT) for broken, _ in _BROKEN]
+    outcomes = call_in_private_order(calls)
+    for outcome in outcomes[:len(healthy)]:
+        verdict = outcome.get()
         expect_true(
             "your test returns True or False", isinstance(verdict, (bool, torch.Tensor)),
             expected="True or False", actual=type(verdict).__name__,
@@ -340,11 +362,8 @@ def check_batch_consistency_test(fn) -> None:
             hint="Batched and single results can differ in the last bits of a float: compare "
                  "with torch.allclose (e.g. atol=1e-6) instead of torch.equal or ==.",
         )
-    for broken, hint in _BROKEN:
-        verdict = _call_with_hint(
-            fn, broken, prop="your test runs on a function that is broken on batches",
-            hint="Your test let the function's error escape. A function that raises on a batch "
-                 "is not batch-consistent: catch the error (try/except) and return False.")
+    for (_, hint), outcome in zip(_BROKEN, outcomes[len(healthy):], strict=True):
+        verdict = outcome.get()
         expect_true("your test rejects a function that treats a batch differently from a "
                     "single sequence",
                     not bool(verdict), expected="False", actual="True", hint=hint)

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
-from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import (
+    call,
+    call_in_private_order,
+    checker,
+    expect_close,
+    expect_shape,
+    expect_true,
+    fail,
+    passed,
+)
 
 __all__ = ["check_prefix_lm_mask", "check_masked_softmax", "check_left_padded_mask",
            "check_is_causal_layer"]
@@ -346,10 +356,12 @@ def check_is_causal_layer(fn) -> None:
     package_layer = CausalSelfAttention(4, 4, context_length=6).eval()
     torch.manual_seed(1)
     x = torch.randn(2, 6, 4)  # (B, T, d_in)
-    for name, layer, causal, hint in _LAYERS:
-        layer = package_layer if layer is None else layer
-        with torch.no_grad():
-            verdict = call(fn, layer, x.clone(), prop=f"your test runs on {name}")
+    with torch.no_grad():
+        outcomes = call_in_private_order([
+            partial(call, fn, package_layer if layer is None else layer, x.clone(),
+                    prop=f"your test runs on {name}") for name, layer, _, _ in _LAYERS])
+    for (name, _, causal, hint), outcome in zip(_LAYERS, outcomes, strict=True):
+        verdict = outcome.get()
         if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
             verdict = verdict.item()
         if not isinstance(verdict, bool):

@@ -7,7 +7,16 @@ import math
 import torch
 from torch import nn
 
-from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import (
+    call,
+    checker,
+    expect_close,
+    expect_shape,
+    expect_true,
+    fail,
+    on_cpu,
+    passed,
+)
 
 __all__ = ["check_drop_keys", "check_draws_needed", "check_fixed_dropout_layer",
            "check_weights_with_dropout"]
@@ -220,7 +229,7 @@ def check_fixed_dropout_layer(fn) -> None:
         with torch.no_grad():
             torch.manual_seed(2)
             first = call(layer, x, prop="the layer runs on a (2, 6, 4) batch")
-            second = layer(x)
+            second = on_cpu(layer(x))  # where call() puts the first
         expect_true("in eval() mode two calls on the same input agree",
                     isinstance(first, torch.Tensor) and torch.equal(first, second),
                     expected="the same output twice", actual="two different outputs",

@@ -17,6 +17,7 @@ from .feedback import (
     expect_true,
     fail,
     hand_over,
+    on_cpu,
     passed,
 )
 
@@ -36,7 +37,7 @@ _SPLIT_HINT = (
 def _call_explained(fn: Callable, *args, prop: str, hints: tuple[tuple[str, str], ...] = ()):
     """Call ``fn``; an error whose message contains a known phrase gets that phrase's hint."""
     try:
-        return fn(*args)
+        return on_cpu(fn(*args))
     except NotImplementedError:
         return call(fn, *args)  # raises the "You have not written ... yet" feedback
     except ExerciseFailure:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import numbers
+from functools import partial
 
 import torch
 from torch import nn
 
-from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import (
+    call,
+    call_in_private_order,
+    checker,
+    expect_close,
+    expect_shape,
+    expect_true,
+    fail,
+    passed,
+)
 
 __all__ = [
     "check_predicted_accuracy_without_positions",
@@ -185,37 +195,46 @@ def check_is_order_blind(fn) -> None:
         # a word three times over: reading the first word shows only in a swap of words at
         # least four apart, which a test of near swaps alone never makes
         (torch.tensor([8, 8, 8, 2, 5, 11, 7]), 3),
+        # the other words read the same at both ends (6 ... 6): reversing them, or any
+        # permutation that keeps the ends, moves neither the first nor the last word
+        (torch.tensor([6, 3, 8, 1, 5, 6]), 4),
+        (torch.tensor([4, 4, 7, 2, 9, 5]), 2),
+        (torch.tensor([5, 2, 2, 8, 3]), 0),
+        (torch.tensor([7, 7, 7, 3, 9, 1, 5]), 3),
     )
-    for name, model in _models(vocab_size, num_classes):
-        for token_ids, word_index in sentences:
-            blind = _order_blind(model, token_ids, word_index)
-            verdict = call(fn, model, token_ids.clone(), word_index,
-                           prop=f"your test runs on {name}")
-            if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
-                verdict = bool(verdict.item())
-            expect_true(f"your test returns True or False ({name})", isinstance(verdict, bool),
-                        expected="a bool", actual=type(verdict).__name__,
-                        hint="Return True when no swap changes the logits, False otherwise.")
-            sentence = f"{name}, sentence {token_ids.tolist()} with the word at {word_index}"
-            if blind and not verdict:
-                fail(f"your test calls {sentence} order-blind", expected=True, actual=False,
-                     hint="No swap of two other words changes this model's logits here, yet your "
-                          "test says that order matters. Two usual causes: the ambiguous word "
-                          "moved (swap only the other words, so that word_index still points at "
-                          "it), or the logits were compared exactly (adding numbers in another "
-                          "order changes the last bits, so compare within 1e-6).")
-            if not blind and verdict:
-                hint = ("Some swaps change this model's logits, but your test did not try "
-                        "them. A swap of two equal words changes nothing, and some models "
-                        "notice only particular positions, only swaps across the ambiguous "
-                        "word (which no swap of neighbours makes) or only swaps of words far "
-                        "apart: try every pair of the other words (a sentence has only a few).")
-                if "faintly" in name:
-                    hint = ("This model's logits move by about 1e-4 when the last word moves: "
-                            "order matters to it, a little. Compare the logits themselves "
-                            "within 1e-6, not the predicted class or a loose tolerance.")
-                fail(f"your test notices that order matters to {sentence}", expected=False,
-                     actual=True, hint=hint)
+    cases = [(name, model, token_ids, word_index, _order_blind(model, token_ids, word_index))
+             for name, model in _models(vocab_size, num_classes)
+             for token_ids, word_index in sentences]
+    outcomes = call_in_private_order([
+        partial(call, fn, model, token_ids.clone(), word_index, prop=f"your test runs on {name}")
+        for name, model, token_ids, word_index, _ in cases])
+    for (name, _, token_ids, word_index, blind), outcome in zip(cases, outcomes, strict=True):
+        verdict = outcome.get()
+        if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
+            verdict = bool(verdict.item())
+        expect_true(f"your test returns True or False ({name})", isinstance(verdict, bool),
+                    expected="a bool", actual=type(verdict).__name__,
+                    hint="Return True when no swap changes the logits, False otherwise.")
+        sentence = f"{name}, sentence {token_ids.tolist()} with the word at {word_index}"
+        if blind and not verdict:
+            fail(f"your test calls {sentence} order-blind", expected=True, actual=False,
+                 hint="No swap of two other words changes this model's logits here, yet your "
+                      "test says that order matters. Two usual causes: the ambiguous word "
+                      "moved (swap only the other words, so that word_index still points at "
+                      "it), or the logits were compared exactly (adding numbers in another "
+                      "order changes the last bits, so compare within 1e-6).")
+        if not blind and verdict:
+            hint = ("Some swaps change this model's logits, but your test did not try "
+                    "them. A swap of two equal words changes nothing, and some models "
+                    "notice only particular positions, only swaps across the ambiguous "
+                    "word (which no swap of neighbours makes) or only swaps of words far "
+                    "apart: try every pair of the other words (a sentence has only a few).")
+            if "faintly" in name:
+                hint = ("This model's logits move by about 1e-4 when the last word moves: "
+                        "order matters to it, a little. Compare the logits themselves "
+                        "within 1e-6, not the predicted class or a loose tolerance.")
+            fail(f"your test notices that order matters to {sentence}", expected=False,
+                 actual=True, hint=hint)
     passed("your test tells order-blind models from order-sensitive ones, including models that "
            "notice only a few of the swaps, only swaps across the ambiguous word, or only a "
            "little.")

@@ -12,6 +12,7 @@ Taught in chapter 11.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,16 @@ from .. import bug_zoo
 from ..attention import causal_mask
 from ..diagnose import diagnose
 from ..modules import MultiHeadAttention
-from .feedback import ExerciseFailure, call, checker, expect_shape, expect_true, fail, passed
+from .feedback import (
+    ExerciseFailure,
+    call,
+    call_in_private_order,
+    checker,
+    expect_shape,
+    expect_true,
+    fail,
+    passed,
+)
 
 __all__ = ["check_padded_attention", "check_leaks_future", "check_fixed_blog_attention"]
 
@@ -226,6 +236,16 @@ def _every_leak(layer: nn.Module, num_tokens: int) -> list[tuple[int, int]]:
     return leaks
 
 
+def _find_leak(fn, layer: nn.Module, num_tokens: int, description: str):
+    """What ``fn(layer, num_tokens)`` returns; ``layer`` is then put back in the mode it was in."""
+    training = layer.training
+    try:
+        return call(fn, layer, num_tokens,
+                    prop=f"leaks_future(layer, {num_tokens}) runs on {description}")
+    finally:
+        layer.train(training)
+
+
 @checker
 def check_leaks_future(fn) -> None:
     """Check the learner's property test ``fn(layer, num_tokens)`` on healthy and leaky layers.
@@ -243,11 +263,11 @@ def check_leaks_future(fn) -> None:
     Taught in chapter 11.
     """
     num_tokens = 6
-    for description, layer, first_leak in _property_cases(num_tokens):
-        training = layer.training
-        result = _as_pair(call(fn, layer, num_tokens,
-                               prop=f"leaks_future(layer, {num_tokens}) runs on {description}"))
-        layer.train(training)
+    cases = _property_cases(num_tokens)
+    outcomes = call_in_private_order([partial(_find_leak, fn, layer, num_tokens, description)
+                                      for description, layer, _ in cases])
+    for (description, layer, first_leak), outcome in zip(cases, outcomes, strict=True):
+        result = _as_pair(outcome.get())
         prop = f"leaks_future is right on {description}"
         if first_leak is None and result is not None:
             i, j = result

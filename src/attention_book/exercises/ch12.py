@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
 from ..bug_zoo import RotaryCacheRestartsPositions
 from ..modules import GroupedQueryAttention, MultiHeadAttention
 from ..positions import rotary_embedding
-from .feedback import call, checker, expect_close, expect_shape, expect_true, fail, passed
+from .feedback import (
+    call,
+    call_in_private_order,
+    checker,
+    expect_close,
+    expect_shape,
+    expect_true,
+    fail,
+    passed,
+)
 
 __all__ = [
     "check_alibi_slopes",
@@ -344,6 +355,29 @@ def _reordered(position: int, output: torch.Tensor) -> torch.Tensor:
     return output.flip(-1) if position == 4 else output
 
 
+def _later_rows(position: int, output: torch.Tensor) -> torch.Tensor:
+    """Token 3 comes out with its features reversed in every sequence of the batch but the
+    first (``output`` is ``(B, d_out)``): a bug that a test of one sequence never sees."""
+    if position != 3:
+        return output
+    return torch.cat([output[:1], output[1:].flip(-1)])
+
+
+def _last_feature_dropped(position: int, output: torch.Tensor) -> torch.Tensor:
+    """Every decoded token comes out with its last feature 0: an output written one feature
+    short."""
+    out = output.clone()
+    out[..., -1] = 0.0
+    return out
+
+
+def _fast_path_behind(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """One-token calls while the cache holds 2 to 4 tokens take a fast path whose mask is one
+    step behind: the token loses its own key. Calls of several tokens are right."""
+    one_token = queries.numel() == 1
+    return one_token & (queries >= 2) & (queries <= 4) & (keys == queries)
+
+
 def _layers() -> list[tuple[str, nn.Module, bool]]:
     def seeded(build):
         torch.manual_seed(0)
@@ -380,6 +414,15 @@ def _layers() -> list[tuple[str, nn.Module, bool]]:
         ("a layer whose decoded token 4 comes out with its features reversed (the same mean, "
          "norm and values, in the wrong places)",
          seeded(lambda: _Subject(rope_layer(), _reordered)), False),
+        ("a layer whose one-token calls, while the cache holds 2 to 4 tokens, take a fast "
+         "path whose mask is one step behind (wrong only when tokens come one per call: a "
+         "prefill of several tokens is right)",
+         seeded(lambda: _DecodesWrongSomewhere(rope_layer(), _fast_path_behind)), False),
+        ("a layer whose decoded token 3 is wrong in every sequence of the batch but the first",
+         seeded(lambda: _Subject(rope_layer(), _later_rows)), False),
+        ("a layer whose decoded tokens come out with their last feature 0 (an output written "
+         "one feature short; the other features are right)",
+         seeded(lambda: _Subject(rope_layer(), _last_feature_dropped)), False),
     ]
 
 
@@ -388,16 +431,18 @@ def check_decodes_like_full_pass(fn) -> None:
     """Check the property test ``fn(layer, x) -> bool`` against healthy and broken layers.
 
     The broken layers go wrong at different depths of the cache: from the second token, from
-    the fourth, at the sixth only, and at the third and fourth only; two more have errors
-    that no mean, sum or norm of the outputs shows. ``x`` has 6 tokens.
+    the fourth, at the sixth only, and at the third and fourth only; one only in one-token
+    calls, one only in the second sequence of the batch, one only in the last feature; two
+    more have errors that no mean, sum or norm of the outputs shows. ``x`` is ``(2, 6, 8)``.
 
     Taught in chapter 12 (Exercise 12.5).
     """
     torch.manual_seed(1)
     x = torch.randn(2, 6, 8)  # (B, T, d_in)
     layers = _layers()
-    for name, layer, healthy in layers:
-        verdict = call(fn, layer, x.clone())
+    outcomes = call_in_private_order([partial(call, fn, layer, x.clone()) for _, layer, _ in layers])
+    for (name, _, healthy), outcome in zip(layers, outcomes, strict=True):
+        verdict = outcome.get()
         if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
             verdict = bool(verdict)
         if not isinstance(verdict, bool):
@@ -411,13 +456,16 @@ def check_decodes_like_full_pass(fn) -> None:
                        "KVCache(T) and feed x[:, t:t+1] for t = 0 ... T-1"))
         if not healthy and verdict:
             fail(f"your test catches a broken layer: {name}", expected="False", actual="True",
-                 hint=("feed every token of x, one call at a time, through one KVCache, "
+                 hint=("feed every token of x, one call at a time (a decoder's path, which "
+                       "a prefill of several tokens does not take), through one KVCache, "
                        "layer(x[:, t:t+1], kv_cache=cache), and compare the output of every "
                        "token with layer(x): a bug can show at any depth of the cache, from "
                        "the first cached token to the last, and only there; compare every "
-                       "number (torch.allclose on the whole outputs), not a summary such as "
-                       "a mean or a norm, in which errors can cancel"))
+                       "number (torch.allclose on the whole outputs: every sequence of the "
+                       "batch, every token, every feature), not a summary such as a mean or "
+                       "a norm, in which errors can cancel"))
     broken = sum(not healthy for _, _, healthy in layers)
     passed(f"your test passes the 3 healthy layers and catches all {broken} broken ones, "
            "whether they go wrong from the second token, only once the cache is deep, only "
-           "in the middle of the sequence, or in a way no average shows.")
+           "in the middle of the sequence, only one token per call, only in one sequence of "
+           "the batch or one feature, or in a way no average shows.")

@@ -1,7 +1,8 @@
 """Checkers for chapter 19's exercises (top-k attention, the lightning indexer, the output
 gate): which keys top-k chooses (a prediction), a top-k attention whose future keys took the
-places (a bug hunt), the indexer's score without a loop (practice), the k a budget of FLOPs
-buys (a variant) and an output gate (a variant).
+places (a bug hunt), the k a budget of FLOPs buys (a variant), an output gate (a variant), the
+k that keeps a share of the needles (a variant) and how much work each number a kernel loads
+pays for (a prediction).
 
 Taught in chapter 19.
 """
@@ -11,15 +12,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..sparse import lightning_indexer_scores, topk_attention
+from ..sparse import topk_attention
 from .feedback import call, checker, expect_close, expect_int, expect_shape, fail, passed
 
 __all__ = [
     "check_predicted_choice",
     "check_causal_topk_attention",
-    "check_indexer_scores",
     "check_largest_k",
     "check_gated_heads",
+    "check_keys_needed",
+    "check_predicted_reuse",
 ]
 
 # Exercise 19.1's index scores: row = query, column = key.
@@ -159,50 +161,7 @@ def check_causal_topk_attention(fn) -> None:
            "place; ties, grouped heads and a k larger than T work")
 
 
-# --------------------------------------------------------------------------- 19.3 practice
-
-
-@checker
-def check_indexer_scores(fn) -> None:
-    """Check ``fn(index_queries, index_keys, head_weights)`` is the lightning indexer's score.
-
-    Args:
-        fn: the learner's ``indexer_scores``.
-
-    Returns:
-        True when it matches :func:`~attention_book.lightning_indexer_scores`.
-
-    Taught in chapter 19.
-    """
-    index_queries = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]]]])  # (1, 1, 2, 2)
-    index_keys = torch.tensor([[[2.0, -1.0], [-1.0, 3.0], [1.0, 1.0]]])  # (1, 3, 2)
-    head_weights = torch.tensor([[[0.5, -2.0]]])  # (1, 1, 2): a negative weight counts
-    by_hand = call(fn, index_queries, index_keys, head_weights)
-    expected = torch.tensor([[[1.0, -6.0, -1.5]]])
-    expect_shape("the scores of one query and three keys", by_hand, (1, 1, 3),
-                 hint="return (B, T_q, T_k): one score per query and key, summed over the heads")
-    relu_of_sum = torch.relu(torch.einsum("bth,bthd,bsd->bts", head_weights, index_queries,
-                                          index_keys))  # (1, 1, 3): [3, 0, 0]
-    if torch.allclose(by_hand.detach().to(relu_of_sum.dtype), relu_of_sum, atol=1e-6):
-        fail("the weights multiply each head's ReLU, not the sum", expected=expected.tolist(),
-             actual=by_hand.tolist(), hint="ReLU each head's dot product first, then weight it "
-             "by w[t, j] (which may be negative) and sum over the heads")
-    expect_close("the scores of the example (weights 0.5 and -2)", by_hand, expected,
-                 hint="I(t, s) = sum_j w[t, j] * ReLU(q[t, j] . k[s]): the ReLU comes before "
-                      "the weight")
-    generator = torch.Generator().manual_seed(3)
-    index_queries = torch.randn(2, 5, 3, 4, generator=generator)
-    index_keys = torch.randn(2, 6, 4, generator=generator)
-    head_weights = torch.randn(2, 5, 3, generator=generator)
-    expect_close("the scores of a batch of 2, 5 queries, 6 keys and 3 heads",
-                 call(fn, index_queries, index_keys, head_weights),
-                 lightning_indexer_scores(index_queries, index_keys, head_weights),
-                 hint="keep the batch dimension apart: sequence b's queries read only sequence "
-                      "b's keys")
-    passed("your scores are sum_j w_j ReLU(q_j . k) for every query and key")
-
-
-# --------------------------------------------------------------------------- 19.4 variant
+# --------------------------------------------------------------------------- 19.3 variant
 
 
 def _largest_k(budget: int, position: int, indexer_per_pair: int, attention_per_pair: int) -> int:
@@ -225,9 +184,9 @@ def check_largest_k(fn) -> None:
     """
     cases = [
         ("DeepSeek-V3.2's sizes, the last query of 128k tokens, 10 GFLOP",
-         (10**10, 128 * 1024 - 1, 8256, 40960)),
+         (10**10, 128 * 1024 - 1, 8256, 139264)),
         ("the last query of 1M tokens, 10 GFLOP: the indexer alone costs more",
-         (10**10, 2**20 - 1, 8256, 40960)),
+         (10**10, 2**20 - 1, 8256, 139264)),
         ("query 99 with a huge budget: it sees only 100 keys", (10**12, 99, 10, 10)),
         ("a budget that leaves exactly 42 FLOPs after the indexer", (2 * 100 * 10 + 42, 99, 10, 3)),
         ("a budget that leaves 41 FLOPs after the indexer", (2 * 100 * 10 + 41, 99, 10, 3)),
@@ -240,23 +199,25 @@ def check_largest_k(fn) -> None:
         want = _largest_k(*args)
         if got == want:
             continue
-        hint = "cost = 2 * ((position + 1) * indexer_per_pair + k * attention_per_pair) must " \
-               "not exceed the budget: solve for k and round down"
+        hint = "add up what the query pays: the indexer on every key it sees, attention on the " \
+               "k keys it reads, two FLOPs per multiply-add; the largest k whose total fits " \
+               "the budget is the answer"
         if want == 0:
             hint = "when the indexer alone costs more than the budget, no k fits: return 0"
         elif want == args[1] + 1:
             hint = "k never exceeds the position + 1 keys the query sees"
         elif got == want + 1:
-            hint = "round down: k = (budget - indexer cost) // (2 * attention_per_pair)"
+            hint = "one more key would cost more than the budget: round down, never to the nearest"
         elif got in (_largest_k(args[0], args[1] - 1, args[2], args[3]),
                      _largest_k(2 * args[0], *args[1:]), _largest_k(args[0] // 2, *args[1:])):
             hint = "query t sees t + 1 keys, and a multiply-add is two FLOPs"
         fail(f"the largest k for {description}", expected=want, actual=got, hint=hint)
     passed("your k is the most keys the budget buys after the indexer has scored every visible "
-           "key: at 128k tokens 10 GFLOP buys 95,651 keys, at 1M none")
+           "key: at 128k tokens 10 GFLOP buys 28,132 keys (attention in MLA's MQA mode), at 1M "
+           "none")
 
 
-# --------------------------------------------------------------------------- 19.5 variant
+# --------------------------------------------------------------------------- 19.4 variant
 
 
 @checker
@@ -299,3 +260,150 @@ def check_gated_heads(fn) -> None:
                           "then multiply element by element by sigmoid(gate_projection(x))")
     passed("each head's features are scaled by their own sigmoid gate, computed from the token")
 
+
+
+# --------------------------------------------------------------------------- 19.5 variant
+
+
+def _needle_ranks(index_scores: torch.Tensor, needle: torch.Tensor) -> torch.Tensor:
+    """The place of each needle when its row's keys are sorted by score, ties to the earlier key.
+
+    Shapes: index_scores ``(B, T)``, needle ``(B,)`` -> ``(B,)``, 1 for the best key.
+    """
+    positions = torch.arange(index_scores.size(-1))  # (T,)
+    own = index_scores.gather(-1, needle[:, None])  # (B, 1)
+    ahead = (index_scores > own) | ((index_scores == own) & (positions < needle[:, None]))
+    return ahead.sum(dim=-1) + 1  # (B,)
+
+
+def _keys_needed(index_scores: torch.Tensor, needle: torch.Tensor, fraction: float) -> int:
+    ranks = _needle_ranks(index_scores, needle)  # (B,)
+    return next(k for k in range(1, index_scores.size(-1) + 1)
+                if (ranks <= k).double().mean().item() >= fraction)
+
+
+def _needle_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, float]]:
+    cases = [
+        ("one question, the needle (key 2) ranked second",
+         torch.tensor([[0.1, 0.9, 0.5, 0.3]]), torch.tensor([2]), 1.0),
+        ("one question whose needle (key 2) ties with keys 0 and 1",
+         torch.tensor([[1.0, 1.0, 1.0, 0.0]]), torch.tensor([2]), 1.0),
+        ("one question whose needle (key 0) ties with keys 1 and 2",
+         torch.tensor([[1.0, 1.0, 1.0, 0.0]]), torch.tensor([0]), 1.0),
+    ]
+    # Ten questions whose needles rank 1, 2, ..., 10: k keeps the needles ranked k or better.
+    scores = torch.zeros(10, 12)  # (B, T)
+    needle = torch.arange(10)  # (B,): question r's needle is key r
+    for row in range(10):
+        scores[row, :row] = 2.0  # the row keys before the needle score higher
+        scores[row, row] = 1.0
+    generator = torch.Generator().manual_seed(19)
+    shuffle = torch.randperm(12, generator=generator)  # the ranks do not follow the positions
+    scores, needle = scores[:, shuffle], torch.argsort(shuffle)[needle]
+    cases += [(f"ten questions whose needles rank 1 ... 10, fraction {fraction}",
+               scores, needle, fraction) for fraction in (0.9, 0.85, 0.5, 0.05, 1.0)]
+    rounded = torch.randn(16, 40, generator=generator).round()  # many ties
+    cases.append(("16 questions with many tied scores, fraction 0.75", rounded,
+                  torch.randint(40, (16,), generator=generator), 0.75))
+    return cases
+
+
+@checker
+def check_keys_needed(fn) -> None:
+    """Check ``fn(index_scores, needle, fraction)`` is the smallest k that keeps that share.
+
+    Args:
+        fn: the learner's ``keys_needed``.
+
+    Returns:
+        True when it gives the smallest k whose top-k (ties to the earlier key) holds the
+        needle for at least ``fraction`` of the questions, on every case.
+
+    Taught in chapter 19.
+    """
+    for description, index_scores, needle, fraction in _needle_cases():
+        got = call(fn, index_scores.clone(), needle.clone(), fraction)
+        expect_int(f"the k for {description}", got, hint="k is a whole number of keys: return an "
+                   "int")
+        want = _keys_needed(index_scores, needle, fraction)
+        if got == want:
+            continue
+        later_ties = (index_scores > index_scores.gather(-1, needle[:, None])).sum(dim=-1) + 1
+        hint = "for each question, count the keys that top-k would take before its needle; " \
+               "then find the smallest k that keeps enough needles"
+        if "ties" in description and got == _keys_needed_from(later_ties, fraction):
+            hint = "ties go to the earlier key, as in ab.topk_mask: an equal score at an " \
+                   "earlier position comes before the needle, one at a later position after it"
+        elif "fraction" not in description and got == want - 1:
+            hint = "top-k with k keys holds a needle only if at most k - 1 keys come before it: " \
+                   "count the needle itself"
+        elif "fraction" in description and got < want:
+            hint = "at least the fraction of the questions must keep their needle: round the " \
+                   "number of questions up, never down"
+        elif got > want:
+            hint = "'at least': a share equal to the fraction is enough, and take one " \
+                   "question's rank, with no interpolation between two questions' ranks"
+        fail(f"the smallest k for {description}", expected=want, actual=got, hint=hint)
+    passed("your k is the smallest that keeps the needle for the share of questions asked: "
+           "rank each needle as top-k would (ties to the earlier key), then take the rank "
+           "that share of the questions reach")
+
+
+def _keys_needed_from(ranks: torch.Tensor, fraction: float) -> int:
+    return next(k for k in range(1, int(ranks.max()) + 1)
+                if (ranks <= k).double().mean().item() >= fraction)
+
+
+# --------------------------------------------------------------------------- 19.6 prediction
+
+# Multiply-adds per number of keys and values loaded: a dense tile, top-k gather, a kept tile.
+REUSE = (128, 1, 128)
+
+
+@checker(reveal=False)  # a prediction: the three numbers are kept back
+def check_predicted_reuse(fn) -> None:
+    """Check ``fn()`` gives exercise 19.6's multiply-adds per key/value number a kernel loads.
+
+    Args:
+        fn: the learner's ``predicted_reuse``, returning three numbers: a full tile of dense
+            attention, top-k gather, a kept tile of block-sparse FlexAttention.
+
+    Returns:
+        True when all three are right (the decorator prints the feedback).
+
+    Taught in chapter 19.
+    """
+    predicted = call(fn)
+    if not isinstance(predicted, (list, tuple)) or len(predicted) != 3:
+        fail("the prediction has three numbers", expected="a tuple (dense tile, top-k gather, "
+             "block-sparse tile)", actual=repr(predicted)[:80], hint="return the three numbers "
+             "in this order", reveal=True)
+    try:
+        values = tuple(float(value) for value in predicted)
+    except (TypeError, ValueError):
+        fail("each entry is a number", expected="three numbers", actual=repr(predicted)[:80],
+             hint="multiply-adds per number loaded, for example 10 or 2.5", reveal=True)
+    names = ("a full tile of dense attention", "top-k gather", "a kept tile of block-sparse "
+             "FlexAttention")
+    hints = {
+        0: "a tile loads 128 keys and 128 values of 64 numbers each, and every one of its 128 "
+           "queries uses all of them: once for its scores, once for its weighted sum",
+        1: "each copied key and value belongs to one query only: how many multiply-adds does "
+           "that query do with one number of it?",
+        2: "the kernel runs a kept tile exactly as dense attention runs any tile",
+    }
+    for index, (value, want, name) in enumerate(zip(values, REUSE, names, strict=True)):
+        if abs(value - want) <= 1e-6 * want:
+            continue
+        hint = hints[index]
+        if abs(value - want / 2) <= 1e-6 * want:
+            hint = "count both products: the scores q . k and the weighted sum of the values " \
+                   "each take 64 multiply-adds per query and key"
+        elif index != 1 and abs(value - 2 * want) <= 1e-6 * want:
+            hint = "the values are loaded too: count the numbers of the keys and of the values"
+        elif index == 1 and value >= 2:
+            hint = "gather copies each query's keys anew: a copied key serves one query, not " \
+                   "a block of them"
+        fail(f"your number for {name}", expected=want, actual=value, hint=hint)
+    passed("a dense or block-sparse tile does 128 multiply-adds for every number it loads, "
+           "top-k gather 1: gather is limited by copying memory, tiles by arithmetic")

@@ -32,8 +32,9 @@ import torch
 
 __all__ = [
     "ExerciseFailure", "checker", "fail", "passed", "expect_shape", "expect_close",
-    "expect_true", "expect_int", "call", "number_from_config", "KEPT_BACK", "hand_over",
-    "HAND_OVER",
+    "expect_true", "expect_int", "call", "on_cpu", "number_from_config", "KEPT_BACK",
+    "hand_over", "HAND_OVER", "WATCHERS", "in_private_order", "call_in_private_order",
+    "Outcome",
 ]
 
 #: What a prediction's checker shows instead of the expected value while the answer is wrong.
@@ -71,21 +72,30 @@ def checker(check: Callable | None = None, *, reveal: bool = True) -> Callable:
         mode = _REVEAL.set(reveal)
         try:
             check(*args, **kwargs)
+            verdict = True
         except ExerciseFailure as failure:
             print(failure)
-            return False
+            verdict = False
         except Exception as error:  # noqa: BLE001 - an odd answer must not crash the checker
             print(f"Not yet. The checker could not use your answer: "
                   f"{type(error).__name__}: {error}\n"
                   "  hint:     return what the exercise asks for (a tensor of the given shape, "
                   "or the pair it names)")
-            return False
+            verdict = False
         finally:
             _REVEAL.reset(mode)
-        return True
+        for watch in tuple(WATCHERS):
+            watch(run, args, kwargs, verdict)
+        return verdict
 
     run.reveal = reveal  # read by the tests: every prediction's checker keeps its answer back
     return run
+
+
+#: Functions called after every checker with ``(checker, args, kwargs, verdict)``. Empty in a
+#: notebook; the book's tests add one that grades each answer a checker calls right with the
+#: exercise's hidden tests too (``tests/checker_agreement.py``).
+WATCHERS: list[Callable] = []
 
 
 def fail(prop: str, *, expected: object, actual: object, hint: str,
@@ -124,13 +134,46 @@ def passed(what: str) -> None:
     print(f"Correct: {what}")
 
 
+def on_cpu(value):
+    """``value`` with every tensor in it (nested in tuples, lists and dicts) on the CPU.
+
+    The checkers build their inputs and references on the CPU, while an answer may compute
+    wherever it likes (a GPU on Colab): what it returns is compared where the references are.
+    A tensor already on the CPU comes back as it is, the same object.
+
+    Args:
+        value: what an answer returned.
+
+    Returns:
+        The same structure, its tensors on the CPU.
+
+    Taught in the instructor guide (how exercises are graded).
+    """
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, (list, tuple)):
+        items = [on_cpu(item) for item in value]
+        if all(new is old for new, old in zip(items, value, strict=True)):
+            return value  # nothing moved: the very object, whatever its type
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+            return type(value)(*items)
+        return type(value)(items)
+    if isinstance(value, dict):
+        items = {key: on_cpu(item) for key, item in value.items()}
+        return value if all(items[key] is value[key] for key in value) else items
+    return value
+
+
 def call(fn: Callable, *args, prop: str = "your function runs without an error", **kwargs):
-    """Call the learner's ``fn``; an exception becomes feedback, not a bare traceback."""
+    """Call the learner's ``fn``; an exception becomes feedback, not a bare traceback.
+
+    What ``fn`` returns comes back with its tensors on the CPU (:func:`on_cpu`), where the
+    checker's references are, whatever device the answer computed on."""
     if not callable(fn):
         fail("the answer is a function", expected="a function", actual=type(fn).__name__,
              hint="pass the function itself, without calling it", reveal=True)
     try:
-        return fn(*args, **kwargs)
+        return on_cpu(fn(*args, **kwargs))
     except NotImplementedError:
         name = getattr(fn, "__name__", "your function")
         raise ExerciseFailure(
@@ -245,3 +288,75 @@ def hand_over(obj):
     Taught in the instructor guide (how exercises are graded).
     """
     return HAND_OVER[-1](obj) if HAND_OVER else obj
+
+
+def in_private_order(items) -> list:
+    """``items`` in an order drawn from the operating system's generator, for each call anew.
+
+    A property test's checker hands the learner's test its healthy and broken subjects in this
+    order (through :func:`call_in_private_order`), so that no answer can tell them apart by
+    counting calls: not the published order of the checker, and not torch's generator either,
+    whose state the grader sends to an answer with every call. Report the verdicts in a fixed
+    order afterwards, so the feedback stays the same from one run to the next.
+
+    Args:
+        items: what to hand over, e.g. ``(name, subject)`` pairs.
+
+    Returns:
+        A new list of the same items.
+
+    Taught in the instructor guide (how exercises are graded).
+    """
+    import random
+
+    items = list(items)
+    return random.SystemRandom().sample(items, len(items))
+
+
+class Outcome:
+    """What one call of the learner's function gave: its result, or the failure it raised."""
+
+    __slots__ = ("_result", "_failure")
+
+    def __init__(self, result: object = None, failure: Exception | None = None):
+        self._result, self._failure = result, failure
+
+    def get(self) -> object:
+        """The call's result; a call that failed raises its failure here, at its turn."""
+        if self._failure is not None:
+            raise self._failure
+        return self._result
+
+
+def call_in_private_order(calls: Sequence[Callable[[], object]]) -> list[Outcome]:
+    """Make each of ``calls`` once, in a private order; their outcomes in the order given.
+
+    A property test's checker calls the learner's test on every subject first, through this,
+    then judges the outcomes in its fixed order: ``outcome.get()`` gives a result or raises
+    the failure of that call (from :func:`call`), so the feedback is the same whatever the
+    order was. The order comes from :func:`in_private_order`, so counting calls tells an
+    answer nothing, and every call starts from the same state of torch's generator, so a
+    test that draws inputs without a seed of its own gets the same verdict in any order, and
+    the generator ends as it began.
+
+    Args:
+        calls: functions without arguments, each calling the learner's function on one
+            subject (e.g. ``functools.partial(call, fn, subject)``).
+
+    Returns:
+        One :class:`Outcome` per call, in the order of ``calls``.
+
+    Taught in the instructor guide (how exercises are graded).
+    """
+    outcomes: dict[int, Outcome] = {}
+    state = torch.random.get_rng_state()
+    try:
+        for index in in_private_order(range(len(calls))):
+            torch.random.set_rng_state(state)
+            try:
+                outcomes[index] = Outcome(calls[index]())
+            except Exception as failure:  # noqa: BLE001 - raised again at its turn by .get()
+                outcomes[index] = Outcome(failure=failure)
+    finally:
+        torch.random.set_rng_state(state)
+    return [outcomes[index] for index in range(len(calls))]
