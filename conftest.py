@@ -27,6 +27,12 @@ book_numerics = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(book_numerics)
 
 os.environ.update(book_numerics.numeric_environment(os.environ.get("BOOK_NUMERICS", "pinned")))
+# PyTorch's two OpenMP threads wait for work by spinning. The test command runs two workers,
+# each with kernels and servers of its own, on two cores: a spinning thread then holds a core
+# that another process needs, and a loop of small operations (chapter 18's token loop)
+# took 17 s instead of half a second. Waiting threads sleep instead; the results are the same
+# (how a reduction is split depends on the thread count, not on how threads wait).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Every figure that a kernel started by the tests shows is checked for overlapping text (a legend
 # over an annotation, colliding tick labels): the backend raises in the cell, so strict nbval
 # fails. See src/attention_book/_figure_check_inline.py; Jupyter and `make execute` never use it.

@@ -257,8 +257,11 @@ def _sandboxed_kernel(wheel_python: Path, chapter: Path, folder: Path, layers: s
     autograde's kernel spec makes it, writing its report to ``folder/report.log``."""
     from attention_book.classroom import sandbox
 
-    script = _run([wheel_python, "-c", "import attention_book.classroom.sandbox as s; "
-                   "print(s.__file__)"]).stdout.strip()
+    # Where the wheel put the package, found without importing it (torch, nbformat: seconds).
+    script = Path(_run([wheel_python, "-c", "import importlib.util; "
+                        "print(importlib.util.find_spec('attention_book').origin)"]
+                       ).stdout.strip()).parent / "classroom" / "sandbox.py"
+    assert script.is_file() and not script.is_relative_to(ROOT), script
     policy = sandbox.policy_for(int(chapter.name[:2]))
     spec = folder / "jupyter" / "kernels" / "book-sandboxed"
     spec.mkdir(parents=True)
@@ -266,7 +269,7 @@ def _sandboxed_kernel(wheel_python: Path, chapter: Path, folder: Path, layers: s
     scratch.mkdir()
     (folder / "report.log").touch()
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [str(wheel_python), "-P", script, "kernel", "-f", "{connection_file}"],
+        "argv": [str(wheel_python), "-P", str(script), "kernel", "-f", "{connection_file}"],
         "display_name": "sandboxed", "language": "python",
         "env": {"BOOK_SANDBOX_POLICY": json.dumps({"processes": policy.processes,
                                                    "loopback_tcp": policy.loopback_tcp}),

@@ -14,13 +14,28 @@ This module imports the functional core and the sink's argument check.
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 import torch
-from torch.nn.attention.bias import CausalBias
 
 from .attention import causal_mask
 from .flash import sink_column
 
+if TYPE_CHECKING:
+    from torch.nn.attention.bias import CausalBias
+
 __all__ = ["fused_attention"]
+
+
+def _is_causal_bias(attn_mask: object) -> bool:
+    """Whether ``attn_mask`` is one of PyTorch's ``CausalBias`` objects.
+
+    ``torch.nn.attention.bias`` imports TorchDynamo (about a second), so it is not imported
+    here: a ``CausalBias`` can only exist once someone has imported that module.
+    """
+    bias = sys.modules.get("torch.nn.attention.bias")
+    return bias is not None and isinstance(attn_mask, bias.CausalBias)
 
 
 def fused_attention(
@@ -70,7 +85,7 @@ def fused_attention(
             queries, keys, values, attn_mask=attn_mask, dropout_p=dropout_p,
             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
         )  # (..., num_heads, T, d_v)
-    if isinstance(attn_mask, CausalBias):
+    if _is_causal_bias(attn_mask):
         raise TypeError("a sink needs a boolean attn_mask (or is_causal=True), not a CausalBias")
     num_queries, num_keys = queries.size(-2), keys.size(-2)
     if is_causal:

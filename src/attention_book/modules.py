@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
 
 from .attention import (
     causal_mask,
@@ -303,6 +302,8 @@ class _HeadedAttention(nn.Module):
             # last ones, so the diagonal is aligned bottom-right. causal_lower_right says so
             # without a mask tensor; a GPU kernel can then skip the blocks above the diagonal
             # (on the CPU, PyTorch builds the mask from it, as chapter 10 shows).
+            from torch.nn.attention.bias import causal_lower_right  # imports TorchDynamo: ~1 s
+
             attn_mask = causal_lower_right(num_tokens, num_keys)
         # Grouped heads: the kernel broadcasts each key/value head over its group of query
         # heads (enable_gqa), instead of materialising num_heads copies as repeat_interleave does.

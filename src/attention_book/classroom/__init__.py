@@ -40,48 +40,56 @@ Not taught in a chapter: chapter 0 shows the exercise format, the instructor gui
 
 from __future__ import annotations
 
-from .clean import ExerciseResult, Limits, grade_submissions
-from .cli import main
-from .course import (
-    COURSE_ID,
-    CourseBuild,
-    NbgraderError,
-    build_assignments,
-    check_course_dir,
-    generate_assignments,
-    nbgrader_errors,
-    prepare_course,
-    run_nbgrader,
-    select_chapters,
-    submissions_of,
-    write_course_config,
-)
-from .feedback import write_feedback
-from .format import (
-    BEGIN_HIDDEN,
-    BEGIN_SOLUTION,
-    END_HIDDEN,
-    END_SOLUTION,
-    STUBS,
-    ExerciseSummary,
-    chapter_number,
-    exercise_format_problems,
-    exercise_of,
-    find_chapters,
-    summarise_exercises,
-)
-from .grading import (
-    AutogradeReport,
-    StudentGrade,
-    autograde,
-    course_folder,
-    exercise_scores,
-    export_grades,
-    read_flags,
-    released_assignments,
-    resolve_assignment,
-)
-from .leaks import leaked_solution_text
+import importlib
+
+# What each public name is imported from. The names load on first use (PEP 562), so that
+# importing one module of the package (the grading process imports .clean, a kernel
+# .sandbox) does not import the rest: .cli and .course import nbformat, whose schema
+# checker takes a second to import.
+_MODULES = ("clean", "cli", "course", "feedback", "format", "grading", "handover", "hub",
+            "integrity", "landlock", "leaks", "practice", "processes", "remote", "sandbox",
+            "sanitise", "scan", "simulate", "syscalls")
+_WHERE = {
+    "ExerciseResult": "clean",
+    "Limits": "clean",
+    "grade_submissions": "clean",
+    "main": "cli",
+    "COURSE_ID": "course",
+    "CourseBuild": "course",
+    "NbgraderError": "course",
+    "build_assignments": "course",
+    "check_course_dir": "course",
+    "generate_assignments": "course",
+    "nbgrader_errors": "course",
+    "prepare_course": "course",
+    "run_nbgrader": "course",
+    "select_chapters": "course",
+    "submissions_of": "course",
+    "write_course_config": "course",
+    "write_feedback": "feedback",
+    "BEGIN_HIDDEN": "format",
+    "BEGIN_SOLUTION": "format",
+    "END_HIDDEN": "format",
+    "END_SOLUTION": "format",
+    "STUBS": "format",
+    "ExerciseSummary": "format",
+    "chapter_number": "format",
+    "exercise_format_problems": "format",
+    "exercise_of": "format",
+    "find_chapters": "format",
+    "summarise_exercises": "format",
+    "AutogradeReport": "grading",
+    "StudentGrade": "grading",
+    "autograde": "grading",
+    "course_folder": "grading",
+    "exercise_scores": "grading",
+    "export_grades": "grading",
+    "read_flags": "grading",
+    "released_assignments": "grading",
+    "resolve_assignment": "grading",
+    "leaked_solution_text": "leaks",
+}
+
 
 __all__ = [
     "COURSE_ID",
@@ -123,3 +131,17 @@ __all__ = [
     "run_nbgrader",
     "summarise_exercises",
 ]
+
+
+def __getattr__(name: str):
+    if name in _MODULES:  # a module of the package, as `import attention_book.classroom` gave
+        return importlib.import_module(f".{name}", __name__)
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value  # the next use finds it directly
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE) | set(_MODULES))

@@ -1221,8 +1221,14 @@ def _preload(imports: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401 - see below
 
     import attention_book  # noqa: F401
+
+    # torch._dynamo: FlexAttention, torch.compile and PyTorch's CausalBias import it on first
+    # use, and importing it makes a system call that an answer's process may not make (chapter
+    # 13's FlexAttention answer was stopped so); imported here, it is there, warm, in every
+    # answer process.
 
     for line in imports.splitlines():
         try:
