@@ -624,6 +624,9 @@ def _enter_answer_sandbox(jail_root: str, limits: Limits, required: sandbox.Laye
     os.environ.update(keep)
     for key in ("TMPDIR", "HOME", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
         os.environ[key] = scratch
+    # An answer's process starts no thread and no process: TorchInductor (FlexAttention,
+    # torch.compile) must compile in the calling thread, never in its pool of workers
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     tempfile.tempdir = scratch
     contained = jailed or required.landlock > 0
     sandbox.limit_resources(memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds,
@@ -1581,8 +1584,13 @@ def grade_many(requests: list[tuple[object, dict[str, object]]], *,
                "--imports-file", imports_file, "--limits", json.dumps(asdict(limits)),
                "--layers", layers.to_json(), "--jobs", str(jobs)]
     env = dict(os.environ)  # the grader's own environment (each answer process clears it)
+    # TORCHINDUCTOR_COMPILE_THREADS: TorchInductor's settings are read when the grader imports
+    # it; with more than one, a pool of compile workers (warmed in the grader, copied into each
+    # fork) could be handed an answer's compilation, and the answer's process may start no
+    # thread: its filter ends it
     env.update({"PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+                "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+                "TORCHINDUCTOR_COMPILE_THREADS": "1"})
     budgets = sorted((_grader_budget(s, limits) for s in job["students"]), reverse=True)
     budget = timeout if timeout is not None else 90 + sum(budgets[::jobs]) + sum(budgets) / jobs
     try:
