@@ -1224,14 +1224,15 @@ def _preload(imports: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
     import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401 - see below
+    import torch.nn.attention.bias  # noqa: F401 - see below
 
     import attention_book  # noqa: F401
+    from attention_book.classroom import cli, course, feedback, grading  # noqa: F401
 
-    # torch._dynamo: FlexAttention, torch.compile and PyTorch's CausalBias import it on first
-    # use, and importing it makes a system call that an answer's process may not make (chapter
-    # 13's FlexAttention answer was stopped so); imported here, it is there, warm, in every
-    # answer process.
+    # Every answer's process is forked from this one, with what it imported: the same modules
+    # as when `import attention_book` brought TorchDynamo (FlexAttention, torch.compile and
+    # PyTorch's CausalBias need it; imported inside an answer's process it was stopped there)
+    # and `attention_book.classroom` imported all of its modules.
 
     for line in imports.splitlines():
         try:
