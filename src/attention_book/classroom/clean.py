@@ -1219,6 +1219,8 @@ def _grade_exercise(exercise: Exercise, answer: Answer, preamble: str,
 
 def _preload(imports: str) -> None:
     """Import what answers use before the zygote is forked (each answer then starts warm)."""
+    import importlib
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1227,7 +1229,8 @@ def _preload(imports: str) -> None:
     import torch.nn.attention.bias  # noqa: F401 - see below
 
     import attention_book  # noqa: F401
-    from attention_book.classroom import cli, course, feedback, grading  # noqa: F401
+    for module in ("cli", "course", "feedback", "grading"):  # loaded, not used: no import cycle
+        importlib.import_module(f"attention_book.classroom.{module}")
 
     # Every answer's process is forked from this one, with what it imported: the same modules
     # as when `import attention_book` brought TorchDynamo (FlexAttention, torch.compile and
